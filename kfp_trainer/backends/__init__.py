@@ -1,0 +1,1 @@
+"""Backends: places that run TrainJobs (a Kubernetes cluster, this machine)."""

@@ -1,0 +1,165 @@
+"""The small protocol both backends implement, and the values they exchange with the launcher.
+
+A backend knows how to run one TrainJob somewhere (a Kubernetes cluster, this machine) and
+knows nothing of KFP. The launcher drives it:
+
+    info = backend.resolve_runtime(inputs)          # the runtime exists? which API version?
+    manifest = spec.render(inputs, api_version=info.api_version, ...)
+    sub = backend.submit(manifest)                  # create, or adopt the job of an earlier try
+    for status in backend.watch(sub.ref): ...       # status changes; None = heartbeat
+    backend.follow_logs(sub.ref, nodes, sink, stop) # in a thread
+    backend.diagnose(sub.ref)                       # on failure: pods, events, log tail
+    backend.delete(sub.ref)                         # on cancel, time limit, or clean-up
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..spec import ApiVersion, TrainJobInputs
+
+
+class Phase(str, enum.Enum):
+    """Where a TrainJob is, as the launcher needs to know it."""
+
+    PENDING = "Pending"  # created, nothing running yet
+    RUNNING = "Running"  # a trainer pod runs
+    SUSPENDED = "Suspended"  # suspended (e.g. queued by Kueue)
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    DELETED = "Deleted"  # gone while we followed it
+
+    @property
+    def finished(self) -> bool:
+        """True for the phases a TrainJob never leaves."""
+        return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.DELETED)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Identity of one TrainJob."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """One observation of a TrainJob's state."""
+
+    phase: Phase
+    reason: str = ""
+    message: str = ""
+    raw: dict[str, Any] = field(default_factory=dict)  # the object's status, as stored
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """What the launcher needs to know about the referenced runtime and the API."""
+
+    name: str
+    kind: str
+    api_version: ApiVersion
+    replicated_jobs: tuple[tuple[str, int], ...] = ()  # (name, pods per job)
+    framework: str = ""
+
+    @property
+    def job_names(self) -> list[str]:
+        """Names of the runtime's replicated jobs."""
+        return [name for name, _ in self.replicated_jobs]
+
+    @property
+    def trainer_job(self) -> str:
+        """The replicated job whose pods run the trainer's entry point (``launcher`` for MPI)."""
+        return "launcher" if "launcher" in self.job_names else "node"
+
+
+@dataclass(frozen=True)
+class Submission:
+    """Result of :meth:`Backend.submit`."""
+
+    ref: JobRef
+    adopted: bool  # True when an earlier try's TrainJob was found and followed
+    replaced: bool = False  # True when an earlier try's Failed TrainJob was replaced
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Something that keeps a TrainJob from starting (unschedulable, image errors, ...)."""
+
+    reason: str
+    message: str
+    fatal: bool = False  # True when waiting cannot help (e.g. resources cannot be created)
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of training output, with where it came from (e.g. ``node-0``)."""
+
+    source: str
+    text: str
+
+
+LogSink = Callable[[LogLine], None]
+
+
+class Backend(Protocol):
+    """What the launcher needs from a place that runs TrainJobs."""
+
+    def resolve_runtime(self, inputs: TrainJobInputs) -> RuntimeInfo:
+        """Check the runtime exists and tell which Trainer API version to render for.
+
+        Raises:
+            RuntimeNotFoundError: With the runtimes that do exist.
+        """
+        ...
+
+    def default_namespace(self) -> str:
+        """Namespace to use when the inputs name none."""
+        ...
+
+    def submit(self, manifest: dict[str, Any]) -> Submission:
+        """Create the TrainJob, or adopt the one an earlier try of this task created.
+
+        Raises:
+            OwnershipError: A TrainJob of that name belongs to another run or task.
+        """
+        ...
+
+    def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
+        """Yield the job's status whenever it changes, and ``None`` as a periodic heartbeat."""
+        ...
+
+    def blockers(self, ref: JobRef) -> list[Blocker]:
+        """What currently keeps the job from starting; empty when nothing does."""
+        ...
+
+    def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
+        """Send the trainer's log lines to ``sink`` until the job ends or ``stop`` is set.
+
+        ``nodes`` is ``"0"`` (default), another node index, or ``"all"``.
+        """
+        ...
+
+    def diagnose(self, ref: JobRef, *, tail: int = 40) -> str:
+        """A report for a failed job: failed pods, recent events, last log lines."""
+        ...
+
+    def delete(self, ref: JobRef, *, wait: float = 30.0) -> None:
+        """Delete the job and what it owns (foreground); no error if already gone."""
+        ...
+
+    def inspect_hint(self, ref: JobRef) -> str:
+        """Commands a person can run to look at the job."""
+        ...

@@ -1,0 +1,318 @@
+"""One TrainJob's life: validate -> resolve runtime -> render -> submit/adopt -> follow -> outcome.
+
+The launcher is the same for every backend. It owns the policies a pipeline step needs:
+
+* two time limits: ``start_timeout`` (creation until a trainer runs: scheduling, queueing,
+  image pulls) and ``run_timeout`` (from then on); on either it deletes the TrainJob;
+* "cannot start" detection: a blocker the backend reports (``TrainJobResourcesCreationFailed``,
+  an unschedulable pod, an image that cannot be pulled) that lasts longer than its grace;
+* SIGTERM/SIGINT (a KFP cancel) deletes the TrainJob and exits with
+  :class:`~kfp_trainer.errors.CancelledError`;
+* the trainer's log streamed to stdout in a thread, each line fed to the metric parser;
+* on failure a :class:`~kfp_trainer.errors.JobFailedError` carrying the reason, the failed
+  pods, recent events and the log tail.
+
+Example:
+    >>> from kfp_trainer.backends.kubernetes import KubernetesBackend  # doctest: +SKIP
+    >>> outcome = Launcher(KubernetesBackend.from_config()).run(
+    ...     TrainJobInputs(runtime="torch-distributed", run_id="r1", task_name="train"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from . import naming, spec
+from .backends.base import Backend, Blocker, JobRef, JobStatus, LogLine, Phase, Submission
+from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
+from .metrics import MetricSeries, from_trainer_status
+from .spec import TrainJobInputs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Launcher policies. Times are in seconds; 0 means no limit."""
+
+    start_timeout: float = 3600.0
+    run_timeout: float = 0.0
+    blocker_grace: float = 300.0  # how long an unschedulable / image-pull problem may last
+    fatal_blocker_grace: float = 20.0  # how long "resources cannot be created" may last
+    blocker_check_interval: float = 10.0
+    logs: str = "0"  # trainer node index, "all", or "none"
+    delete_after_success: bool = False
+    log_drain_timeout: float = 30.0
+
+
+@dataclass
+class Outcome:
+    """What happened to one TrainJob: the component turns this into its outputs."""
+
+    ref: JobRef
+    manifest: dict[str, Any]
+    phase: Phase
+    reason: str = ""
+    message: str = ""
+    adopted: bool = False
+    replaced: bool = False
+    runtime: str = ""
+    api_version: str = ""
+    metrics: MetricSeries = field(default_factory=MetricSeries)
+    timeline: list[tuple[float, str]] = field(default_factory=list)  # (unix time, event)
+    status: dict[str, Any] = field(default_factory=dict)
+    log_lines: int = 0
+
+    @property
+    def succeeded(self) -> bool:
+        """True when the TrainJob completed."""
+        return self.phase is Phase.SUCCEEDED
+
+
+class _Printer:
+    """Thread-safe sink: prints trainer lines (prefixed when several nodes) and parses metrics."""
+
+    def __init__(self, out: TextIO, metrics: MetricSeries, prefix: bool, on_first: Callable[[], None]) -> None:
+        self.out = out
+        self.metrics = metrics
+        self.prefix = prefix
+        self.on_first = on_first
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, line: LogLine) -> None:
+        with self.lock:
+            if self.count == 0:
+                self.on_first()
+            self.count += 1
+            self.out.write(f"[{line.source}] {line.text}\n" if self.prefix else line.text + "\n")
+            self.out.flush()
+            self.metrics.feed(line.text)
+
+
+@contextlib.contextmanager
+def cancel_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into :class:`CancelledError` in the main thread while inside."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise CancelledError(f"received {signal.Signals(signum).name}: the run was cancelled")
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class Launcher:
+    """Runs one TrainJob to its end on a backend. See the module docstring."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        options: LaunchOptions = LaunchOptions(),
+        *,
+        out: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_submitted: Callable[[JobRef], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.options = options
+        self.out = out or sys.stdout
+        self.clock = clock
+        self.on_submitted = on_submitted
+
+    def say(self, message: str) -> None:
+        """A launcher message in the step's log."""
+        self.out.write(f"[kfp-trainer] {message}\n")
+        self.out.flush()
+
+    def prepare(self, inputs: TrainJobInputs) -> tuple[dict[str, Any], str, str]:
+        """Validate, check the runtime, render. Returns (manifest, api_version, runtime)."""
+        spec.validate(inputs, api_version=None)  # everything checkable before any API call
+        if not inputs.namespace:
+            inputs = inputs.model_copy(update={"namespace": self.backend.default_namespace()})
+        info = self.backend.resolve_runtime(inputs)
+        budget = min(naming.max_name_length(), naming.max_name_length(info.replicated_jobs))
+        manifest = spec.render(inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget)
+        return manifest, info.api_version, f"{info.kind}/{info.name}"
+
+    def run(self, inputs: TrainJobInputs) -> Outcome:
+        """Run the TrainJob described by ``inputs`` to its end.
+
+        Raises:
+            UserError: Invalid inputs, missing runtime, forbidden, ownership conflict.
+            JobFailedError: The job failed, could not start, or ran past a time limit.
+            CancelledError: SIGTERM/SIGINT; the job was deleted.
+            InfraError: The cluster stayed unreachable; the job was left to a retry.
+        """
+        manifest, api_version, runtime = self.prepare(inputs)
+        with cancel_on_signals():
+            submission = self.backend.submit(manifest)
+            outcome = Outcome(
+                ref=submission.ref, manifest=manifest, phase=Phase.PENDING, adopted=submission.adopted,
+                replaced=submission.replaced, runtime=runtime, api_version=api_version,
+            )
+            self._announce(submission, outcome)
+            try:
+                self._follow(outcome)
+            except (CancelledError, TimeLimitError, CannotStartError) as e:
+                self.say(f"{type(e).__name__}: deleting TrainJob {outcome.ref}")
+                self._delete(outcome.ref)
+                raise
+            except InfraError:
+                self.say(f"lost the API server; TrainJob {outcome.ref} is left running for a retry to adopt")
+                raise
+        if self.options.delete_after_success:
+            self._delete(outcome.ref)
+        return outcome
+
+    def _announce(self, submission: Submission, outcome: Outcome) -> None:
+        now = time.time()
+        verb = "adopted existing" if submission.adopted else ("replaced failed" if submission.replaced else "created")
+        outcome.timeline.append((now, f"TrainJob {verb}"))
+        self.say(f"{verb} TrainJob {submission.ref} (runtime {outcome.runtime}, Trainer API {outcome.api_version})")
+        self.say("inspect it with:\n" + self.backend.inspect_hint(submission.ref))
+        if self.on_submitted:
+            self.on_submitted(submission.ref)
+
+    def _delete(self, ref: JobRef) -> None:
+        # Deleting must finish even if a second SIGTERM arrives.
+        with _signals_ignored():
+            try:
+                self.backend.delete(ref)
+            except Exception as e:  # report, but do not hide the original error
+                self.say(f"could not delete TrainJob {ref}: {e}")
+
+    def _follow(self, outcome: Outcome) -> None:
+        options = self.options
+        begin = self.clock()
+        started_at: list[float] = []
+
+        def mark_started() -> None:
+            if not started_at:
+                started_at.append(self.clock())
+                outcome.timeline.append((time.time(), "trainer started"))
+
+        stop = threading.Event()
+        printer = _Printer(self.out, outcome.metrics, options.logs == "all", mark_started)
+        logs_thread = None
+        if options.logs != "none":
+            logs_thread = threading.Thread(
+                target=self.backend.follow_logs,
+                args=(outcome.ref,),
+                kwargs={"nodes": options.logs, "sink": printer, "stop": stop},
+                name="trainer-logs",
+                daemon=True,
+            )
+            logs_thread.start()
+        blockers_seen: dict[str, float] = {}
+        last_check = -1e18
+        last_phase: Phase | None = None
+        try:
+            for status in self.backend.watch(outcome.ref):
+                now = self.clock()
+                if status is not None:
+                    outcome.status = status.raw
+                    if status.phase is not last_phase:
+                        last_phase = status.phase
+                        outcome.timeline.append((time.time(), status.phase.value + (f" ({status.reason})" if status.reason else "")))
+                        self._on_phase(status)
+                    if status.phase is Phase.RUNNING:
+                        mark_started()
+                    if status.phase.finished:
+                        outcome.phase, outcome.reason, outcome.message = status.phase, status.reason, status.message
+                        break
+                if not started_at:
+                    if options.start_timeout and now - begin > options.start_timeout:
+                        raise TimeLimitError(
+                            f"TrainJob {outcome.ref} did not start within start_timeout={options.start_timeout:.0f}s",
+                            reason="StartTimeout",
+                            diagnosis=self._diagnose(outcome.ref, blockers_seen),
+                        )
+                    if now - last_check >= options.blocker_check_interval:
+                        last_check = now
+                        self._check_blockers(outcome.ref, blockers_seen, now)
+                elif options.run_timeout and now - started_at[0] > options.run_timeout:
+                    raise TimeLimitError(
+                        f"TrainJob {outcome.ref} ran longer than run_timeout={options.run_timeout:.0f}s",
+                        reason="RunTimeout",
+                        diagnosis=self._diagnose(outcome.ref, {}),
+                    )
+        finally:
+            if logs_thread is not None:
+                if outcome.phase.finished and outcome.phase is not Phase.DELETED:
+                    logs_thread.join(options.log_drain_timeout)  # let the last lines arrive
+                stop.set()
+                logs_thread.join(5)
+            outcome.log_lines = printer.count
+        outcome.metrics.extend(from_trainer_status(outcome.status))
+        if outcome.phase is Phase.SUCCEEDED:
+            self.say(f"TrainJob {outcome.ref} completed ({outcome.reason or 'Complete'})")
+            return
+        what = "was deleted while running" if outcome.phase is Phase.DELETED else "failed"
+        raise JobFailedError(
+            f"TrainJob {outcome.ref} {what}: {outcome.reason or 'no reason given'}: {outcome.message}".rstrip(": "),
+            reason=outcome.reason,
+            diagnosis=self._diagnose(outcome.ref, {}),
+        )
+
+    def _on_phase(self, status: JobStatus) -> None:
+        if status.phase is Phase.SUSPENDED:
+            self.say(f"TrainJob is suspended ({status.reason}: {status.message}); waiting, e.g. for its queue to admit it")
+        elif status.phase is Phase.RUNNING:
+            self.say("trainer is running")
+        elif status.phase is Phase.PENDING:
+            self.say("waiting for the trainer to start")
+
+    def _check_blockers(self, ref: JobRef, seen: dict[str, float], now: float) -> None:
+        current = self.backend.blockers(ref)
+        reasons = {b.reason for b in current}
+        for reason in list(seen):
+            if reason not in reasons:
+                del seen[reason]
+        for blocker in current:
+            first = seen.setdefault(blocker.reason, now)
+            if first == now:
+                self.say(f"not starting yet: {blocker}")
+            grace = self.options.fatal_blocker_grace if blocker.fatal else self.options.blocker_grace
+            if now - first >= grace:
+                raise CannotStartError(
+                    f"TrainJob {ref} cannot start: {blocker} (for {now - first:.0f}s)",
+                    reason=blocker.reason,
+                    diagnosis=self._diagnose(ref, seen, current),
+                )
+
+    def _diagnose(self, ref: JobRef, seen: dict[str, float], blockers: list[Blocker] | None = None) -> str:
+        try:
+            report = self.backend.diagnose(ref)
+        except Exception as e:  # the diagnosis must not hide the failure itself
+            report = f"(diagnosis unavailable: {e})"
+        if blockers:
+            report = "Blockers:\n" + "\n".join(f"  {b}" for b in blockers) + ("\n\n" + report if report else "")
+        return report + "\n\nInspect with:\n" + self.backend.inspect_hint(ref)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

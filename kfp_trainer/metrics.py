@@ -1,0 +1,162 @@
+"""Training output lines -> metric time series. Pure: no I/O.
+
+Understands the formats trainers print:
+
+* JSON lines: ``{"step": 10, "loss": 0.52, "learning_rate": 0.001}``
+* Hugging Face Trainer log dicts: ``{'loss': 0.52, 'grad_norm': 1.3, 'epoch': 0.5}``
+* Katib-style ``name=value`` pairs: ``epoch 3: loss=0.52 accuracy=0.91``
+* Trainer's ``status.trainerStatus.metrics`` (``[{"name": ..., "value": ...}]``)
+
+``step``, ``epoch`` and ``global_step`` are positions, not metrics: a point carries them.
+
+Example:
+    >>> series = MetricSeries()
+    >>> series.feed("{'loss': 0.5, 'epoch': 1.0}")
+    1
+    >>> series.feed("step=20 loss=0.25 accuracy=0.9")
+    2
+    >>> series.final()
+    {'loss': 0.25, 'accuracy': 0.9}
+    >>> series.best()["loss"]
+    0.25
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+POSITION_KEYS = ("step", "global_step", "epoch")
+_KATIB = re.compile(r"(?<![\w.-])([A-Za-z][\w./-]*)\s*=\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
+_LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|err|mse|mae|rmse|wer|cer)", re.IGNORECASE)
+_SKIP_KEYS = re.compile(r"^(rank|local_rank|node_rank|world_size|pid|port)$")
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One value of one metric at one position of training."""
+
+    name: str
+    value: float
+    step: float | None = None
+    epoch: float | None = None
+
+
+def _numeric(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _from_mapping(data: dict[str, Any]) -> list[MetricPoint]:
+    step = _numeric(data.get("step", data.get("global_step")))
+    epoch = _numeric(data.get("epoch"))
+    points = []
+    for key, raw in data.items():
+        if key in POSITION_KEYS or _SKIP_KEYS.match(key):
+            continue
+        value = _numeric(raw)
+        if value is not None:
+            points.append(MetricPoint(str(key), value, step, epoch))
+    return points
+
+
+def parse_line(line: str) -> list[MetricPoint]:
+    """Metric points in one line of training output (empty when there are none).
+
+    Example:
+        >>> parse_line('{"step": 3, "loss": 1.5}')
+        [MetricPoint(name='loss', value=1.5, step=3.0, epoch=None)]
+    """
+    text = line.strip()
+    start = text.find("{")
+    if start != -1 and text.endswith("}"):
+        blob = text[start:]
+        for loader in (json.loads, ast.literal_eval):
+            try:
+                data = loader(blob)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                continue
+            if isinstance(data, dict):
+                return _from_mapping(data)
+    pairs = _KATIB.findall(text)
+    if not pairs:
+        return []
+    data = {}
+    for key, value in pairs:
+        try:
+            data[key] = float(value)
+        except ValueError:
+            continue
+    return _from_mapping(data)
+
+
+def from_trainer_status(status: dict[str, Any] | None) -> list[MetricPoint]:
+    """Points from a TrainJob's ``status.trainerStatus.metrics`` (values are strings there)."""
+    points = []
+    for item in ((status or {}).get("trainerStatus") or {}).get("metrics") or []:
+        try:
+            value = float(item.get("value"))
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value) and item.get("name"):
+            points.append(MetricPoint(str(item["name"]), value))
+    return points
+
+
+def lower_is_better(name: str) -> bool:
+    """Whether smaller values of metric ``name`` are better (losses, errors, perplexity)."""
+    return bool(_LOWER_IS_BETTER.search(name))
+
+
+@dataclass
+class MetricSeries:
+    """Every metric point seen during one run, in order."""
+
+    points: list[MetricPoint] = field(default_factory=list)
+
+    def feed(self, line: str) -> int:
+        """Parse one output line; return how many points it added."""
+        found = parse_line(line)
+        self.points.extend(found)
+        return len(found)
+
+    def extend(self, points: list[MetricPoint]) -> None:
+        """Add points from another source (e.g. the TrainJob status)."""
+        self.points.extend(points)
+
+    def names(self) -> list[str]:
+        """Metric names in first-seen order."""
+        return list(dict.fromkeys(p.name for p in self.points))
+
+    def series(self, name: str) -> list[MetricPoint]:
+        """All points of one metric."""
+        return [p for p in self.points if p.name == name]
+
+    def final(self) -> dict[str, float]:
+        """The last value of each metric."""
+        return {p.name: p.value for p in self.points}
+
+    def best(self) -> dict[str, float]:
+        """The best value of each metric (min for losses/errors, max otherwise)."""
+        out: dict[str, float] = {}
+        for p in self.points:
+            if p.name not in out:
+                out[p.name] = p.value
+            elif lower_is_better(p.name):
+                out[p.name] = min(out[p.name], p.value)
+            else:
+                out[p.name] = max(out[p.name], p.value)
+        return out
+
+    def to_dict(self) -> dict[str, list[dict[str, float | None]]]:
+        """JSON-ready ``{name: [{"value", "step", "epoch"}, ...]}``."""
+        return {
+            name: [{"value": p.value, "step": p.step, "epoch": p.epoch} for p in self.series(name)]
+            for name in self.names()
+        }

@@ -1,0 +1,56 @@
+"""Kubernetes resource quantities ("500m", "2Gi", "1e3"): parse and compare. Pure.
+
+Example:
+    >>> parse_quantity("1500m") == parse_quantity("1.5")
+    True
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+_QUANTITY = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))((?:[KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$")
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+}
+
+
+def parse_quantity(value: str | int | float) -> Decimal:
+    """Value of a Kubernetes quantity as a Decimal.
+
+    Raises:
+        ValueError: ``value`` is not a quantity.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, (int, float)):
+        return Decimal(str(value))
+    match = _QUANTITY.match(str(value).strip()) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"not a quantity: {value!r}")
+    number, suffix = Decimal(match.group(1)), match.group(2) or ""
+    if suffix in _BINARY:
+        return number * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return number * _DECIMAL[suffix]
+    return number * (Decimal(10) ** int(suffix[1:]))
+
+
+def is_quantity(value: object) -> bool:
+    """True when ``value`` parses as a Kubernetes quantity."""
+    try:
+        parse_quantity(value)  # type: ignore[arg-type]
+    except ValueError:
+        return False
+    return True

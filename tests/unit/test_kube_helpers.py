@@ -1,0 +1,126 @@
+"""Pure helpers of the Kubernetes backend: error mapping, retries, log cursors, status classification."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from kfp_trainer.backends.base import Phase
+from kfp_trainer.backends.kube_api import Conflict, Gone, NotFound, RetryPolicy, call
+from kfp_trainer.backends.kube_logs import _Cursor, parse_timestamp
+from kfp_trainer.backends.kubernetes import trainjob_status
+from kfp_trainer.errors import ForbiddenError, InfraError, KfpTrainerError, RejectedError
+
+
+def api_error(status: int, message: str = "boom", causes=None) -> ApiException:
+    e = ApiException(status=status, reason="Reason")
+    e.body = json.dumps({"message": message, "details": {"causes": causes or []}})
+    return e
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected"),
+    [
+        (api_error(422, "TrainJob is invalid", [{"field": "spec.foo", "message": "unknown field"}]), RejectedError),
+        (api_error(400), RejectedError),
+        (api_error(403), ForbiddenError),
+        (api_error(401), ForbiddenError),
+        (api_error(404), NotFound),
+        (api_error(409), Conflict),
+        (api_error(410), Gone),
+    ],
+)
+def test_user_side_errors_are_mapped_and_not_retried(raised, expected):
+    calls = []
+
+    def fn():
+        calls.append(1)
+        raise raised
+
+    with pytest.raises(expected):
+        call(fn, what="x", sleep=lambda s: None)
+    assert len(calls) == 1
+
+
+def test_rejection_message_carries_the_field_causes():
+    with pytest.raises(RejectedError, match=r"create x: TrainJob is invalid \(spec.foo: unknown field\)"):
+        call(lambda: (_ for _ in ()).throw(api_error(422, "TrainJob is invalid", [{"field": "spec.foo", "message": "unknown field"}])),
+             what="create x", sleep=lambda s: None)
+
+
+def test_forbidden_points_at_the_rbac_manifest():
+    with pytest.raises(ForbiddenError, match="deploy/rbac.yaml"):
+        call(lambda: (_ for _ in ()).throw(api_error(403)), what="x", sleep=lambda s: None)
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [api_error(500), api_error(503), api_error(429), urllib3.exceptions.ProtocolError("reset"),
+     urllib3.exceptions.MaxRetryError(None, "/", "refused"), ConnectionRefusedError(), TimeoutError()],
+)
+def test_transient_errors_are_retried_then_infra_error(raised):
+    sleeps = []
+    attempts = []
+
+    def fn():
+        attempts.append(1)
+        raise raised
+
+    with pytest.raises(InfraError):
+        call(fn, what="x", policy=RetryPolicy(attempts=4, base=1), sleep=sleeps.append)
+    assert len(attempts) == 4 and len(sleeps) == 3
+
+
+def test_transient_then_success():
+    results = iter([urllib3.exceptions.ProtocolError("reset"), "ok"])
+
+    def fn():
+        r = next(results)
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    assert call(fn, what="x", sleep=lambda s: None) == "ok"
+
+
+def test_library_exceptions_never_leak():
+    for raised in (api_error(418), urllib3.exceptions.ReadTimeoutError(None, "/", "t"), OSError("x")):
+        with pytest.raises(KfpTrainerError):
+            call(lambda r=raised: (_ for _ in ()).throw(r), what="x", policy=RetryPolicy(attempts=1), sleep=lambda s: None)
+
+
+def test_timestamps():
+    assert parse_timestamp("2026-12-02T10:00:00.5Z") == (parse_timestamp("2026-12-02T10:00:00Z")[0], 500_000_000)
+    assert parse_timestamp("2026-12-02T10:00:00.123456789Z")[1] == 123456789
+    assert parse_timestamp("hello") is None and parse_timestamp("2026-12-02 10:00:00") is None
+
+
+def test_cursor_skips_what_was_shown_after_a_reconnect():
+    t = [parse_timestamp(f"2026-12-02T10:00:0{i}Z") for i in range(4)]
+    cursor = _Cursor()
+    first = [t[0], t[1], t[1]]  # two lines share a timestamp
+    assert [cursor.admit(ts, seen) for seen in [{}] for ts in first] == [True, True, True]
+    # Reconnect: the server resends from the second of t[1], including the two lines already shown.
+    again = [t[1], t[1], t[1], t[2]]
+    assert [cursor.admit(ts, seen) for seen in [{}] for ts in again] == [False, False, True, True]
+    assert cursor.admit(t[0], {}) is False
+    assert cursor.admit(None, {}) is True
+
+
+def test_trainjob_status_classification():
+    def obj(conditions=(), jobs=(), suspend=False):
+        return {"spec": {"suspend": suspend}, "status": {"conditions": list(conditions), "jobsStatus": list(jobs)}}
+
+    assert trainjob_status(None).phase is Phase.DELETED
+    assert trainjob_status(obj()).phase is Phase.PENDING
+    assert trainjob_status(obj(jobs=[{"name": "node", "active": 1, "ready": 0}])).phase is Phase.PENDING
+    assert trainjob_status(obj(jobs=[{"name": "node", "active": 1, "ready": 1}])).phase is Phase.RUNNING
+    assert trainjob_status(obj(suspend=True)).phase is Phase.SUSPENDED
+    done = trainjob_status(obj([{"type": "Complete", "status": "True", "reason": "AllJobsCompleted"}]))
+    assert (done.phase, done.reason) == (Phase.SUCCEEDED, "AllJobsCompleted")
+    failed = trainjob_status(obj([{"type": "Suspended", "status": "False"}, {"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]))
+    assert (failed.phase, failed.reason) == (Phase.FAILED, "DeadlineExceeded")
+    assert trainjob_status(obj([{"type": "Suspended", "status": "True", "reason": "Suspended"}])).phase is Phase.SUSPENDED

@@ -1,0 +1,191 @@
+"""Launcher policies with a scripted in-memory backend (pure logic: no cluster needed).
+
+The real backend is exercised against a real API server in tests/integration.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import threading
+
+import pytest
+
+from kfp_trainer.backends.base import Blocker, JobRef, JobStatus, LogLine, Phase, RuntimeInfo, Submission
+from kfp_trainer.errors import CancelledError, CannotStartError, JobFailedError, TimeLimitError
+from kfp_trainer.launcher import LaunchOptions, Launcher
+from kfp_trainer.spec import TrainJobInputs
+
+INPUTS = TrainJobInputs(run_id="run-1", task_name="train", namespace="ns")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ScriptedBackend:
+    """Yields a scripted list of statuses; each heartbeat advances the fake clock."""
+
+    def __init__(self, script, clock, *, blockers=(), lines=(), on_watch=None) -> None:
+        self.script = list(script)
+        self.clock = clock
+        self.blocker_list = list(blockers)
+        self.lines = list(lines)
+        self.deleted: list[JobRef] = []
+        self.on_watch = on_watch
+
+    def default_namespace(self) -> str:
+        return "ns"
+
+    def resolve_runtime(self, inputs):
+        return RuntimeInfo(name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", replicated_jobs=(("node", 1),))
+
+    def submit(self, manifest):
+        return Submission(JobRef("ns", manifest["metadata"]["name"], "uid-1"), adopted=False)
+
+    def watch(self, ref):
+        if self.on_watch:
+            self.on_watch()
+        for item in self.script:
+            if isinstance(item, (int, float)):
+                self.clock.now += item
+                yield None
+            else:
+                yield item
+
+    def blockers(self, ref):
+        return list(self.blocker_list)
+
+    def follow_logs(self, ref, *, nodes, sink, stop):
+        for line in self.lines:
+            sink(LogLine("node-0", line))
+
+    def diagnose(self, ref, *, tail=40):
+        return "Pods:\n  x-node-0-0: Failed"
+
+    def delete(self, ref, *, wait=30.0):
+        self.deleted.append(ref)
+
+    def inspect_hint(self, ref):
+        return "  kubectl get trainjob"
+
+
+def launch(backend, clock, **options):
+    out = io.StringIO()
+    launcher = Launcher(backend, LaunchOptions(blocker_check_interval=0, **options), out=out, clock=clock)
+    return launcher, out
+
+
+def test_success_collects_metrics_and_keeps_the_job_by_default():
+    clock = FakeClock()
+    backend = ScriptedBackend([JobStatus(Phase.PENDING), JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED, "AllJobsCompleted")],
+                              clock, lines=['{"step": 1, "loss": 2.0}', '{"step": 2, "loss": 1.0}'])
+    launcher, out = launch(backend, clock)
+    outcome = launcher.run(INPUTS)
+    assert outcome.succeeded and outcome.reason == "AllJobsCompleted"
+    assert outcome.metrics.final() == {"loss": 1.0}
+    assert backend.deleted == []
+    assert '{"step": 2, "loss": 1.0}' in out.getvalue()
+
+
+def test_delete_after_success_option():
+    clock = FakeClock()
+    backend = ScriptedBackend([JobStatus(Phase.SUCCEEDED)], clock)
+    launcher, _ = launch(backend, clock, delete_after_success=True)
+    launcher.run(INPUTS)
+    assert len(backend.deleted) == 1
+
+
+def test_failure_raises_with_reason_and_diagnosis_and_keeps_the_job():
+    clock = FakeClock()
+    backend = ScriptedBackend([JobStatus(Phase.RUNNING), JobStatus(Phase.FAILED, "FailedJobs", "node-0 exited 1")], clock)
+    launcher, _ = launch(backend, clock)
+    with pytest.raises(JobFailedError) as info:
+        launcher.run(INPUTS)
+    assert "FailedJobs: node-0 exited 1" in str(info.value) and "x-node-0-0: Failed" in str(info.value)
+    assert backend.deleted == []
+
+
+def test_start_timeout_deletes_the_job():
+    clock = FakeClock()
+    backend = ScriptedBackend([JobStatus(Phase.PENDING)] + [10] * 20, clock)
+    launcher, _ = launch(backend, clock, start_timeout=60)
+    with pytest.raises(TimeLimitError, match="did not start within start_timeout=60s"):
+        launcher.run(INPUTS)
+    assert len(backend.deleted) == 1 and 60 < clock.now <= 80
+
+
+def test_run_timeout_counts_from_start():
+    clock = FakeClock()
+    backend = ScriptedBackend([JobStatus(Phase.PENDING), 50, JobStatus(Phase.RUNNING)] + [10] * 20, clock)
+    launcher, _ = launch(backend, clock, start_timeout=100, run_timeout=30)
+    with pytest.raises(TimeLimitError, match="ran longer than run_timeout=30s"):
+        launcher.run(INPUTS)
+    assert 80 < clock.now <= 100 and len(backend.deleted) == 1
+
+
+def test_persistent_blocker_fails_within_its_grace():
+    clock = FakeClock()
+    backend = ScriptedBackend([JobStatus(Phase.PENDING)] + [5] * 30, clock,
+                              blockers=[Blocker("Unschedulable", "0/1 nodes available")])
+    launcher, out = launch(backend, clock, blocker_grace=30)
+    with pytest.raises(CannotStartError, match="Unschedulable: 0/1 nodes available") as info:
+        launcher.run(INPUTS)
+    assert "Blockers:" in str(info.value) and len(backend.deleted) == 1
+    assert 30 <= clock.now <= 40
+    assert "not starting yet: Unschedulable" in out.getvalue()
+
+
+def test_fatal_blocker_uses_the_short_grace():
+    clock = FakeClock()
+    backend = ScriptedBackend([JobStatus(Phase.PENDING)] + [5] * 30, clock,
+                              blockers=[Blocker("TrainJobResourcesCreationFailed", "runtime missing", fatal=True)])
+    launcher, _ = launch(backend, clock, fatal_blocker_grace=10)
+    with pytest.raises(CannotStartError, match="TrainJobResourcesCreationFailed"):
+        launcher.run(INPUTS)
+    assert clock.now <= 15
+
+
+def test_suspended_job_waits_and_counts_toward_the_start_limit():
+    clock = FakeClock()
+    backend = ScriptedBackend([JobStatus(Phase.SUSPENDED, "Suspended", "queued")] + [10] * 3 + [JobStatus(Phase.RUNNING),
+                              JobStatus(Phase.SUCCEEDED)], clock)
+    launcher, out = launch(backend, clock, start_timeout=100)
+    assert launcher.run(INPUTS).succeeded
+    assert "suspended" in out.getvalue()
+
+
+def test_sigterm_deletes_the_job_and_raises_cancelled():
+    clock = FakeClock()
+    backend = ScriptedBackend([JobStatus(Phase.RUNNING)] + [0] * 100000, clock,
+                              on_watch=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    launcher, _ = launch(backend, clock)
+    with pytest.raises(CancelledError, match="SIGTERM"):
+        launcher.run(INPUTS)
+    assert len(backend.deleted) == 1
+    assert signal.getsignal(signal.SIGTERM) is not None
+
+
+def test_invalid_inputs_fail_before_the_backend_is_asked_anything():
+    class Untouchable(ScriptedBackend):
+        def resolve_runtime(self, inputs):
+            raise AssertionError("must not be called")
+
+    clock = FakeClock()
+    launcher, _ = launch(Untouchable([], clock), clock)
+    with pytest.raises(ValueError, match="num_nodes"):
+        launcher.run(INPUTS.model_copy(update={"num_nodes": 0}))
+
+
+def test_all_nodes_prefixes_lines():
+    clock = FakeClock()
+    backend = ScriptedBackend([JobStatus(Phase.SUCCEEDED)], clock, lines=["hello"])
+    launcher, out = launch(backend, clock, logs="all")
+    launcher.run(INPUTS)
+    assert "[node-0] hello" in out.getvalue()
+    assert threading.active_count() >= 1

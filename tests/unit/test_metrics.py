@@ -1,0 +1,53 @@
+"""Metric parsing: JSON lines, HF Trainer dicts, Katib name=value, trainerStatus."""
+
+from __future__ import annotations
+
+import pytest
+
+from kfp_trainer.metrics import MetricPoint, MetricSeries, from_trainer_status, lower_is_better, parse_line
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('{"step": 10, "loss": 0.5, "learning_rate": 0.001}', [("loss", 0.5, 10, None), ("learning_rate", 0.001, 10, None)]),
+        ("{'loss': 2.31, 'grad_norm': 1.5, 'learning_rate': 5e-05, 'epoch': 0.25}",
+         [("loss", 2.31, None, 0.25), ("grad_norm", 1.5, None, 0.25), ("learning_rate", 5e-05, None, 0.25)]),
+        ("{'train_runtime': 12.5, 'train_samples_per_second': 80.1, 'train_loss': 0.9, 'epoch': 1.0}",
+         [("train_runtime", 12.5, None, 1.0), ("train_samples_per_second", 80.1, None, 1.0), ("train_loss", 0.9, None, 1.0)]),
+        ("epoch 3: loss=0.52 accuracy=0.91", [("loss", 0.52, None, None), ("accuracy", 0.91, None, None)]),
+        ("step=20 loss=1e-3 val/acc=0.5", [("loss", 0.001, 20, None), ("val/acc", 0.5, 20, None)]),
+        ("INFO rank=0 world_size=4 loss=0.3", [("loss", 0.3, None, None)]),
+        ("[rank0]: {\"step\": 1, \"loss\": 3.0}", [("loss", 3.0, 1, None)]),
+        ("plain text line", []),
+        ('{"loss": NaN}', []),
+        ('{"loss": "n/a", "ok": true, "acc": 0.7}', [("acc", 0.7, None, None)]),
+        ("Downloading model=bert-base", []),
+        ("x==3 and y = z", []),
+        ("", []),
+    ],
+)
+def test_parse_line(line, expected):
+    got = [(p.name, p.value, p.step, p.epoch) for p in parse_line(line)]
+    assert got == expected
+
+
+def test_series_final_best_and_dict():
+    s = MetricSeries()
+    for line in ['{"step": 1, "loss": 3.0, "acc": 0.1}', '{"step": 2, "loss": 1.0, "acc": 0.8}', '{"step": 3, "loss": 2.0, "acc": 0.5}']:
+        s.feed(line)
+    assert s.final() == {"loss": 2.0, "acc": 0.5}
+    assert s.best() == {"loss": 1.0, "acc": 0.8}
+    assert s.names() == ["loss", "acc"]
+    assert s.to_dict()["loss"][1] == {"value": 1.0, "step": 2.0, "epoch": None}
+
+
+def test_trainer_status_metrics():
+    status = {"trainerStatus": {"metrics": [{"name": "loss", "value": "0.25"}, {"name": "bad", "value": "x"}], "lastUpdatedTime": "t"}}
+    assert from_trainer_status(status) == [MetricPoint("loss", 0.25)]
+    assert from_trainer_status(None) == [] and from_trainer_status({}) == []
+
+
+def test_direction():
+    assert lower_is_better("eval_loss") and lower_is_better("perplexity") and lower_is_better("wer")
+    assert not lower_is_better("accuracy") and not lower_is_better("exact_match")
