@@ -141,12 +141,15 @@ class Launcher:
 
     def prepare(self, inputs: TrainJobInputs) -> tuple[dict[str, Any], str, str]:
         """Validate, check the runtime, render. Returns (manifest, api_version, runtime)."""
-        spec.validate(inputs, api_version=None)  # everything checkable before any API call
+        local = bool(getattr(self.backend, "local", False))
+        spec.validate(inputs, api_version=None, local=local)  # everything checkable before any API call
         if not inputs.namespace:
             inputs = inputs.model_copy(update={"namespace": self.backend.default_namespace()})
         info = self.backend.resolve_runtime(inputs)
         budget = min(naming.max_name_length(), naming.max_name_length(info.replicated_jobs))
-        manifest = spec.render(inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget)
+        manifest = spec.render(
+            inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget, local=local
+        )
         return manifest, info.api_version, f"{info.kind}/{info.name}"
 
     def run(self, inputs: TrainJobInputs) -> Outcome:

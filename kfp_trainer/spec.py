@@ -54,6 +54,7 @@ API_VERSIONS: tuple[str, ...] = ("v2.1", "v2.2")
 RESERVED_ENV_PREFIXES = ("PET_", "DMLC_", "OMPI_MCA_")
 DATASET_SCHEMES = ("hf", "s3", "cache")
 MODEL_SCHEMES = ("hf", "s3")
+LOCAL_SCHEMES = ("builtin", "file")  # served by the local backend only
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _CREDENTIAL_ENV = re.compile(
     r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|SECRET_ACCESS_KEY|PRIVATE_KEY)$",
@@ -338,11 +339,13 @@ def _check_pod_settings(inputs: TrainJobInputs) -> list[ValidationError]:
     return errors
 
 
-def validate(inputs: TrainJobInputs, *, api_version: ApiVersion | None = "v2.2") -> TrainJobInputs:
+def validate(inputs: TrainJobInputs, *, api_version: ApiVersion | None = "v2.2", local: bool = False) -> TrainJobInputs:
     """Check every input; raise one :class:`InvalidSpecErrors` listing all problems.
 
     With ``api_version=None`` the checks that depend on the cluster's Trainer version are
     left for :func:`render` (the launcher validates this way before any API call).
+    ``local=True`` also accepts the initializer URIs only local mode serves
+    (``builtin://``, ``file://``).
 
     Returns:
         ``inputs`` unchanged, for chaining.
@@ -385,8 +388,9 @@ def validate(inputs: TrainJobInputs, *, api_version: ApiVersion | None = "v2.2")
         e.append(ValidationError("num_proc_per_node", ppn, "an integer >= 1"))
     e += _check_resources("resources_per_node", inputs.resources_per_node)
     e += _check_env("env", env_list(inputs.env), reserved=True)
-    e += _check_uri("dataset_uri", inputs.dataset_uri, DATASET_SCHEMES)
-    e += _check_uri("model_uri", inputs.model_uri, MODEL_SCHEMES)
+    extra = LOCAL_SCHEMES if local else ()
+    e += _check_uri("dataset_uri", inputs.dataset_uri, DATASET_SCHEMES + extra)
+    e += _check_uri("model_uri", inputs.model_uri, MODEL_SCHEMES + extra)
     e += _check_dns_name("dataset_secret", inputs.dataset_secret, "Secret")
     e += _check_dns_name("model_secret", inputs.model_secret, "Secret")
     e += _check_env("dataset_env", env_list(inputs.dataset_env), reserved=False)
@@ -553,6 +557,7 @@ def render(
     api_version: ApiVersion = "v2.2",
     runtime_jobs: list[str] | None = None,
     max_name_length: int | None = None,
+    local: bool = False,
 ) -> dict[str, Any]:
     """Validate ``inputs`` and render the TrainJob manifest for ``api_version``.
 
@@ -562,6 +567,7 @@ def render(
             (podTemplateOverrides).
         runtime_jobs: Replicated job names of the referenced runtime, when known.
         max_name_length: Name budget for the runtime, when known.
+        local: Render for the local backend (accepts ``builtin://`` and ``file://`` URIs).
 
     Returns:
         The TrainJob as a dict, ready for ``kubectl apply`` or the API.
@@ -569,7 +575,7 @@ def render(
     Raises:
         InvalidSpecErrors: Any input is invalid (all problems listed).
     """
-    validate(inputs, api_version=api_version)
+    validate(inputs, api_version=api_version, local=local)
     name = resolve_name(inputs, max_length=max_name_length)
     lineage = lineage_labels(inputs)
     metadata: dict[str, Any] = {"name": name, "labels": dict(lineage)}
