@@ -114,6 +114,30 @@ class LogLine:
 LogSink = Callable[[LogLine], None]
 
 
+def trainjob_status(obj: dict[str, Any] | None, trainer_job: str = "node") -> JobStatus:
+    """Classify a stored TrainJob: finished, suspended, running or pending.
+
+    Example:
+        >>> trainjob_status({"status": {"conditions": [
+        ...     {"type": "Failed", "status": "True", "reason": "FailedJobs", "message": "x"}]}}).phase
+        <Phase.FAILED: 'Failed'>
+    """
+    if obj is None:
+        return JobStatus(Phase.DELETED, "Deleted", "the TrainJob no longer exists")
+    status = obj.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    for kind, phase in (("Failed", Phase.FAILED), ("Complete", Phase.SUCCEEDED), ("Suspended", Phase.SUSPENDED)):
+        if kind in conditions:
+            c = conditions[kind]
+            return JobStatus(phase, c.get("reason", ""), c.get("message", ""), status)
+    for job in status.get("jobsStatus") or []:
+        if job.get("name") == trainer_job and (job.get("ready") or job.get("succeeded") or job.get("failed")):
+            return JobStatus(Phase.RUNNING, raw=status)
+    if (obj.get("spec") or {}).get("suspend"):
+        return JobStatus(Phase.SUSPENDED, "Suspended", "spec.suspend is true", status)
+    return JobStatus(Phase.PENDING, raw=status)
+
+
 class Backend(Protocol):
     """What the launcher needs from a place that runs TrainJobs."""
 

@@ -23,7 +23,7 @@ from kubernetes.client import ApiClient
 
 from ..errors import OwnershipError, RuntimeNotFoundError, UserError
 from ..spec import GROUP, LABEL_DIGEST, LABEL_RUN, LABEL_TASK, PLURAL, VERSION, ApiVersion, TrainJobInputs
-from .base import Blocker, JobRef, JobStatus, LogSink, Phase, RuntimeInfo, Submission
+from .base import Blocker, JobRef, JobStatus, LogSink, Phase, RuntimeInfo, Submission, trainjob_status
 from .kube_api import Conflict, NotFound, RetryPolicy, call
 from .kube_logs import NodeLogFollower
 from .kube_watch import request, watch
@@ -49,30 +49,6 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     configuration = client.Configuration()
     config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
     return ApiClient(configuration)
-
-
-def trainjob_status(obj: dict[str, Any] | None, trainer_job: str = "node") -> JobStatus:
-    """Classify a stored TrainJob: finished, suspended, running or pending.
-
-    Example:
-        >>> trainjob_status({"status": {"conditions": [
-        ...     {"type": "Failed", "status": "True", "reason": "FailedJobs", "message": "x"}]}}).phase
-        <Phase.FAILED: 'Failed'>
-    """
-    if obj is None:
-        return JobStatus(Phase.DELETED, "Deleted", "the TrainJob no longer exists")
-    status = obj.get("status") or {}
-    conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
-    for kind, phase in (("Failed", Phase.FAILED), ("Complete", Phase.SUCCEEDED), ("Suspended", Phase.SUSPENDED)):
-        if kind in conditions:
-            c = conditions[kind]
-            return JobStatus(phase, c.get("reason", ""), c.get("message", ""), status)
-    for job in status.get("jobsStatus") or []:
-        if job.get("name") == trainer_job and (job.get("ready") or job.get("succeeded") or job.get("failed")):
-            return JobStatus(Phase.RUNNING, raw=status)
-    if (obj.get("spec") or {}).get("suspend"):
-        return JobStatus(Phase.SUSPENDED, "Suspended", "spec.suspend is true", status)
-    return JobStatus(Phase.PENDING, raw=status)
 
 
 def _runtime_jobs(runtime: dict[str, Any], num_nodes: int | None) -> tuple[tuple[str, int], ...]:

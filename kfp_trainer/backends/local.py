@@ -1,0 +1,531 @@
+"""The local backend: runs a TrainJob on this machine, as the Trainer controller would.
+
+For one TrainJob manifest it:
+
+1. runs the initializers: ``spec.initializer.dataset/model.storageUri`` (``builtin://``,
+   ``file://``, ``hf://``, ``s3://``) into ``<job>/workspace/dataset`` and ``.../model``;
+2. starts ``numNodes`` local "nodes", each the trainer command in its own process group,
+   with the environment the Trainer controller injects for torch runtimes (``PET_NNODES``,
+   ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR=127.0.0.1``,
+   ``PET_MASTER_PORT``), so ``torchrun`` rendezvouses across them; plain runtimes run the
+   command as it is;
+3. records state in ``<job>/status.json`` (a TrainJob-shaped ``status``) and each node's
+   output in ``<job>/logs/node-<i>.log``.
+
+Paths starting with ``/workspace`` in the command, args and env are mapped to the job's
+local workspace, so commands written for the Trainer runtimes' layout run unchanged.
+
+State lives in files, so a second launcher (a retry) can adopt a running or finished job.
+Runtimes: ``torch-distributed`` is built in; ClusterTrainingRuntime/TrainingRuntime YAML files
+in ``runtimes_dir`` (or ``$KFP_TRAINER_RUNTIMES_DIR``) are read too, so local runs mirror a
+cluster's runtimes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import OwnershipError, RuntimeNotFoundError, ValidationError
+from ..spec import LABEL_DIGEST, LABEL_RUN, LABEL_TASK, TrainJobInputs
+from .base import Blocker, JobRef, JobStatus, LogLine, LogSink, Phase, RuntimeInfo, Submission, trainjob_status
+
+log = logging.getLogger(__name__)
+ROOT_ENV = "KFP_TRAINER_LOCAL_ROOT"
+RUNTIMES_ENV = "KFP_TRAINER_RUNTIMES_DIR"
+WORKSPACE = "/workspace"
+KILL_GRACE = 5.0
+
+BUILTIN_RUNTIMES: dict[str, dict[str, Any]] = {
+    "torch-distributed": {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "torch-distributed", "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {"spec": {"replicatedJobs": [{"name": "node"}]}},
+        },
+    },
+}
+
+
+def default_root() -> Path:
+    """Where local TrainJobs keep their state: ``$KFP_TRAINER_LOCAL_ROOT`` or a user cache dir."""
+    env = os.environ.get(ROOT_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "kfp-trainer" / "local-jobs"
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def materialize(uri: str, dest: Path) -> Path:
+    """Fetch ``uri`` into directory ``dest`` the way the Trainer initializers would.
+
+    Raises:
+        ValidationError: Unsupported scheme, a missing local path, or no network for a hub.
+    """
+    scheme, _, rest = uri.partition("://")
+    dest.mkdir(parents=True, exist_ok=True)
+    if scheme == "builtin":
+        from ..trainers.builtin import materialize as builtin
+
+        try:
+            return builtin(uri, dest)
+        except ValueError as e:
+            raise ValidationError("storage_uri", uri, str(e)) from None
+    if scheme == "file":
+        source = Path(rest if rest.startswith("/") else "/" + rest)
+        if not source.exists():
+            raise ValidationError("storage_uri", uri, f"an existing local path ({source} does not exist)")
+        if source.is_dir():
+            shutil.copytree(source, dest, dirs_exist_ok=True)
+        else:
+            shutil.copy2(source, dest / source.name)
+        return dest
+    if scheme == "hf":
+        try:
+            from huggingface_hub import snapshot_download
+        except ImportError:
+            raise ValidationError("storage_uri", uri, "huggingface_hub installed for hf:// URIs (pip install huggingface_hub)") from None
+        try:
+            snapshot_download(repo_id=rest.strip("/"), local_dir=str(dest), token=os.environ.get("ACCESS_TOKEN") or None,
+                              repo_type="dataset" if dest.name == "dataset" else "model")
+        except Exception as e:
+            raise ValidationError(
+                "storage_uri", uri, f"a reachable Hugging Face Hub ({type(e).__name__}: {str(e)[:200]}); offline, use "
+                "builtin:// or file:// URIs"
+            ) from None
+        return dest
+    if scheme == "s3":
+        try:
+            import boto3
+        except ImportError:
+            raise ValidationError("storage_uri", uri, "boto3 installed for s3:// URIs (pip install boto3)") from None
+        bucket, _, prefix = rest.partition("/")
+        s3 = boto3.client("s3", endpoint_url=os.environ.get("ENDPOINT") or None)
+        try:
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                for obj in page.get("Contents") or []:
+                    target = dest / os.path.relpath(obj["Key"], prefix or ".")
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    s3.download_file(bucket, obj["Key"], str(target))
+        except Exception as e:
+            raise ValidationError("storage_uri", uri, f"a reachable S3 endpoint ({type(e).__name__}: {str(e)[:200]})") from None
+        return dest
+    raise ValidationError("storage_uri", uri, "builtin://, file://, hf:// or s3://")
+
+
+class _Job:
+    """A running local TrainJob: its processes and supervisor thread (this process only)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.cancelled = threading.Event()
+        self.thread: threading.Thread | None = None
+
+
+class LocalBackend:
+    """Runs TrainJobs as local processes. See the module docstring."""
+
+    local = True
+
+    def __init__(self, root: str | Path | None = None, *, runtimes_dir: str | Path | None = None, namespace: str = "local") -> None:
+        self.root = Path(root) if root else default_root()
+        env_dir = os.environ.get(RUNTIMES_ENV)
+        self.runtimes_dir = Path(runtimes_dir) if runtimes_dir else (Path(env_dir) if env_dir else None)
+        self.namespace = namespace
+        self.jobs: dict[str, _Job] = {}
+        self.runtime: RuntimeInfo | None = None
+
+    # ------------------------------------------------------------------ runtimes
+    def default_namespace(self) -> str:
+        """Local jobs live under one namespace folder."""
+        return self.namespace
+
+    def runtimes(self) -> dict[str, dict[str, Any]]:
+        """Built-in runtimes plus those in ``runtimes_dir`` (YAML), by ``Kind/name``."""
+        found = {f"ClusterTrainingRuntime/{name}": rt for name, rt in BUILTIN_RUNTIMES.items()}
+        if self.runtimes_dir and self.runtimes_dir.is_dir():
+            for path in sorted(self.runtimes_dir.glob("*.y*ml")):
+                for doc in yaml.safe_load_all(path.read_text()):
+                    if isinstance(doc, dict) and doc.get("kind") in ("ClusterTrainingRuntime", "TrainingRuntime"):
+                        found[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+        return found
+
+    def resolve_runtime(self, inputs: TrainJobInputs) -> RuntimeInfo:
+        """Find the runtime among the built-in and configured ones."""
+        runtimes = self.runtimes()
+        key = f"{inputs.runtime_kind}/{inputs.runtime}"
+        if key not in runtimes:
+            where = f" and {self.runtimes_dir}" if self.runtimes_dir else f" (set {RUNTIMES_ENV} to a folder of runtime YAML)"
+            raise RuntimeNotFoundError(
+                f"runtime: {key} is not a local runtime. Available (built in{where}): {', '.join(sorted(runtimes))}"
+            )
+        runtime = runtimes[key]
+        spec = runtime.get("spec") or {}
+        nodes = inputs.num_nodes or int((spec.get("mlPolicy") or {}).get("numNodes") or 1)
+        jobs = tuple(
+            (str(rj["name"]), nodes if rj["name"] == "node" else 1)
+            for rj in ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
+        )
+        self.runtime = RuntimeInfo(
+            name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", replicated_jobs=jobs,
+            framework=(runtime["metadata"].get("labels") or {}).get("trainer.kubeflow.org/framework", ""),
+        )
+        return self.runtime
+
+    # ------------------------------------------------------------------ paths
+    def job_dir(self, ref: JobRef) -> Path:
+        """Folder holding the job's manifest, status, logs and workspace."""
+        return self.root / ref.namespace / ref.name
+
+    def host_path(self, ref: JobRef, path: str) -> Path:
+        """Map a path as the trainer sees it (``/workspace/...``) to this machine."""
+        return Path(self._map(path, self.job_dir(ref) / "workspace"))
+
+    @staticmethod
+    def _map(value: str, workspace: Path) -> str:
+        if value == WORKSPACE or value.startswith(WORKSPACE + "/"):
+            return str(workspace) + value[len(WORKSPACE):]
+        return value.replace("=" + WORKSPACE + "/", "=" + str(workspace) + "/")
+
+    # ------------------------------------------------------------------ lifecycle
+    def _runtime_doc(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        ref = manifest["spec"]["runtimeRef"]
+        return self.runtimes().get(f"{ref.get('kind', 'ClusterTrainingRuntime')}/{ref['name']}") or {}
+
+    def _command(self, manifest: dict[str, Any], workspace: Path) -> list[str]:
+        trainer = manifest["spec"].get("trainer") or {}
+        command = list(trainer.get("command") or [])
+        args = list(trainer.get("args") or [])
+        if not command:
+            container = self._node_container(self._runtime_doc(manifest))
+            command = list(container.get("command") or [])
+            args = args or list(container.get("args") or [])
+        if not command:
+            raise ValidationError("command", command, "a trainer command: local runs have no container image entry point")
+        full = [self._map(part, workspace) for part in command + args]
+        bin_dir = Path(sys.executable).parent
+        if full[0] in ("python", "python3"):
+            full[0] = sys.executable
+        elif (bin_dir / full[0]).exists():
+            full[0] = str(bin_dir / full[0])
+        if shutil.which(full[0]) is None:
+            raise ValidationError("command[0]", full[0], "an executable found on this machine's PATH (local mode runs it directly)")
+        return full
+
+    @staticmethod
+    def _node_container(runtime: dict[str, Any]) -> dict[str, Any]:
+        for rj in (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
+            if rj.get("name") == "node":
+                for c in (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
+                    if c.get("name") == "node":
+                        return c
+        return {}
+
+    def submit(self, manifest: dict[str, Any]) -> Submission:
+        """Start the job, or adopt this task's earlier one (replacing it if it failed)."""
+        namespace = manifest["metadata"].get("namespace") or self.namespace
+        ref = JobRef(namespace, manifest["metadata"]["name"])
+        directory = self.job_dir(ref)
+        workspace = directory / "workspace"
+        command = self._command(manifest, workspace)  # fails before anything starts
+        existing = _read_json(directory / "trainjob.json")
+        replaced = False
+        if existing is not None:
+            mine, theirs = manifest["metadata"].get("labels") or {}, existing["metadata"].get("labels") or {}
+            for key in (LABEL_RUN, LABEL_TASK, LABEL_DIGEST):
+                if mine.get(key) != theirs.get(key):
+                    raise OwnershipError(f"local TrainJob {ref} exists and belongs to another run or task ({key}={theirs.get(key)!r})")
+            phase = trainjob_status(existing).phase
+            alive = any(_pid_alive(p) for p in (existing.get("status") or {}).get("pids", []))
+            if phase is Phase.SUCCEEDED or (phase in (Phase.PENDING, Phase.RUNNING) and alive):
+                return Submission(JobRef(namespace, ref.name, existing["metadata"]["uid"]), adopted=True)
+            self.delete(ref)
+            replaced = True
+        (directory / "logs").mkdir(parents=True, exist_ok=True)
+        workspace.mkdir(parents=True, exist_ok=True)
+        uid = f"local-{os.getpid()}-{time.time_ns()}"
+        obj = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace, "uid": uid, "creationTimestamp": _now()},
+               "status": {"conditions": [], "jobsStatus": []}}
+        _write_json(directory / "trainjob.json", obj)
+        job = _Job(directory)
+        self.jobs[ref.name] = job
+        job.thread = threading.Thread(target=self._supervise, args=(ref, obj, command, job), name=f"local-{ref.name}", daemon=True)
+        job.thread.start()
+        return Submission(JobRef(namespace, ref.name, uid), adopted=False, replaced=replaced)
+
+    def _set_status(self, directory: Path, obj: dict[str, Any], **status: Any) -> None:
+        obj["status"].update(status)
+        _write_json(directory / "trainjob.json", obj)
+
+    def _finish(self, directory: Path, obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        condition = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": _now()}
+        self._set_status(directory, obj, conditions=[condition])
+
+    def _env(self, manifest: dict[str, Any], workspace: Path, node: int, nodes: int, port: int, torch: bool) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        env["PYTHONUNBUFFERED"] = "1"
+        env["KFP_TRAINER_WORKSPACE"] = str(workspace)
+        for item in (manifest["spec"].get("trainer") or {}).get("env") or []:
+            if "value" in item:
+                env[item["name"]] = self._map(str(item["value"]), workspace)
+            elif item["name"] not in os.environ:
+                log.warning("env %s comes from a Secret/ConfigMap reference; set it in this shell for local runs", item["name"])
+        if torch:
+            trainer = manifest["spec"].get("trainer") or {}
+            policy = ((self._runtime_doc(manifest).get("spec") or {}).get("mlPolicy") or {}).get("torch") or {}
+            env.update(
+                PET_NNODES=str(nodes),
+                PET_NPROC_PER_NODE=str(trainer.get("numProcPerNode") or policy.get("numProcPerNode") or "auto"),
+                PET_NODE_RANK=str(node),
+                PET_MASTER_ADDR="127.0.0.1",
+                PET_MASTER_PORT=str(port),
+            )
+        return env
+
+    def _supervise(self, ref: JobRef, obj: dict[str, Any], command: list[str], job: _Job) -> None:
+        directory, workspace = job.dir, job.dir / "workspace"
+        manifest = obj
+        try:
+            for kind in ("dataset", "model"):
+                uri = ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("storageUri")
+                if uri and not job.cancelled.is_set():
+                    with open(directory / "logs" / f"{kind}-initializer.log", "a") as out:
+                        out.write(f"{_now()} fetching {uri} into {WORKSPACE}/{kind}\n")
+                    materialize(uri, workspace / kind)
+            runtime = self._runtime_doc(manifest)
+            torch = "torch" in ((runtime.get("spec") or {}).get("mlPolicy") or {})
+            nodes = int((manifest["spec"].get("trainer") or {}).get("numNodes") or ((runtime.get("spec") or {}).get("mlPolicy") or {}).get("numNodes") or 1)
+            port = free_port()
+            for node in range(nodes):
+                if job.cancelled.is_set():
+                    return
+                out = open(directory / "logs" / f"node-{node}.log", "ab")
+                job.procs[node] = subprocess.Popen(
+                    command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workspace,
+                    env=self._env(manifest, workspace, node, nodes, port, torch), start_new_session=True,
+                )
+                out.close()
+            pids = [p.pid for p in job.procs.values()]
+            self._set_status(directory, obj, pids=pids, jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}])
+            codes = self._wait(job)
+            if job.cancelled.is_set():
+                return
+            failed = {n: c for n, c in codes.items() if c != 0}
+            jobs_status = [{"name": "node", "active": 0, "ready": 0, "succeeded": len(codes) - len(failed), "failed": len(failed)}]
+            self._set_status(directory, obj, jobsStatus=jobs_status, exitCodes={str(n): c for n, c in codes.items()})
+            if failed:
+                first = min(failed)
+                self._finish(directory, obj, "Failed", "FailedJobs", f"node-{first} exited with code {failed[first]}")
+            else:
+                self._finish(directory, obj, "Complete", "AllJobsCompleted", "all nodes exited 0")
+        except ValidationError as e:
+            with open(directory / "logs" / "node-0.log", "a") as out:
+                out.write(f"initializer failed: {e}\n")
+            self._finish(directory, obj, "Failed", "InitializerFailed", str(e))
+        except Exception as e:  # report, never leave the job Pending forever
+            log.exception("local TrainJob %s failed to run", ref)
+            self._finish(directory, obj, "Failed", "LocalBackendError", f"{type(e).__name__}: {e}")
+
+    def _wait(self, job: _Job) -> dict[int, int]:
+        """Wait for every node; when one fails, stop the others (as JobSet's failure policy does)."""
+        codes: dict[int, int] = {}
+        while len(codes) < len(job.procs) and not job.cancelled.is_set():
+            for node, proc in job.procs.items():
+                if node not in codes and proc.poll() is not None:
+                    codes[node] = proc.returncode
+            if any(c != 0 for c in codes.values()):
+                for node, proc in job.procs.items():
+                    if node not in codes:
+                        _kill_group(proc)
+                        codes[node] = proc.returncode if proc.returncode is not None else -signal.SIGTERM
+                break
+            time.sleep(0.2)
+        return codes
+
+    def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
+        """Status changes read from the job's state file; ``None`` every second as heartbeat."""
+        path = self.job_dir(ref) / "trainjob.json"
+        last: tuple[Any, ...] | None = None
+        while True:
+            obj = _read_json(path)
+            if obj is not None and ref.uid and obj["metadata"].get("uid") != ref.uid:
+                obj = None
+            status = trainjob_status(obj)
+            key = (status.phase, status.reason, status.message)
+            if key != last:
+                last = key
+                yield status
+                if status.phase.finished:
+                    return
+            else:
+                yield None
+            time.sleep(0.25 if status.phase is Phase.PENDING else 1.0)
+
+    def blockers(self, ref: JobRef) -> list[Blocker]:
+        """Nothing blocks a local job from starting once submit accepted it."""
+        return []
+
+    def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
+        """Tail the nodes' log files until the job finishes (and the files are read) or ``stop``."""
+        directory = self.job_dir(ref)
+        obj = _read_json(directory / "trainjob.json") or {}
+        count = int(((obj.get("spec") or {}).get("trainer") or {}).get("numNodes") or 1)
+        indices = list(range(count)) if nodes == "all" else [int(nodes)]
+        files = {i: directory / "logs" / f"node-{i}.log" for i in indices}
+        offsets = dict.fromkeys(indices, 0)
+        partial = dict.fromkeys(indices, b"")
+        while True:
+            finished = trainjob_status(_read_json(directory / "trainjob.json")).phase.finished
+            for i, path in files.items():
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(offsets[i])
+                        data = f.read()
+                except FileNotFoundError:
+                    continue
+                offsets[i] += len(data)
+                lines = (partial[i] + data).split(b"\n")
+                partial[i] = lines.pop()
+                for line in lines:
+                    sink(LogLine(f"node-{i}", line.decode("utf-8", errors="replace").rstrip("\r")))
+            if finished or stop.is_set():
+                for i in indices:
+                    if partial[i]:
+                        sink(LogLine(f"node-{i}", partial[i].decode("utf-8", errors="replace")))
+                return
+            stop.wait(0.2)
+
+    def diagnose(self, ref: JobRef, *, tail: int = 40) -> str:
+        """Exit codes of the nodes and the last lines of the first failing node's log."""
+        directory = self.job_dir(ref)
+        obj = _read_json(directory / "trainjob.json") or {}
+        codes = (obj.get("status") or {}).get("exitCodes") or {}
+        parts = []
+        if codes:
+            parts.append("Nodes:\n" + "\n".join(f"  node-{n}: exit {c}" for n, c in sorted(codes.items())))
+        failing = next((n for n, c in sorted(codes.items()) if c != 0), "0")
+        path = directory / "logs" / f"node-{failing}.log"
+        if path.exists():
+            lines = path.read_text(errors="replace").splitlines()[-tail:]
+            parts.append(f"Last {len(lines)} log lines of node-{failing}:\n" + "\n".join("  " + line for line in lines))
+        return "\n\n".join(parts)
+
+    def delete(self, ref: JobRef, *, wait: float = 30.0) -> None:
+        """Kill the job's whole process tree and remove its state."""
+        job = self.jobs.pop(ref.name, None)
+        directory = self.job_dir(ref)
+        if job is not None:
+            job.cancelled.set()
+            for proc in job.procs.values():
+                _kill_group(proc)
+            if job.thread is not None:
+                job.thread.join(wait)
+        else:
+            obj = _read_json(directory / "trainjob.json") or {}
+            for pid in (obj.get("status") or {}).get("pids") or []:
+                kill_tree(pid)
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def inspect_hint(self, ref: JobRef) -> str:
+        """Where the local job's files are."""
+        directory = self.job_dir(ref)
+        return f"  cat {directory}/trainjob.json\n  tail -f {directory}/logs/node-0.log"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:  # a zombie is dead, it only waits to be reaped
+        return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (from /proc), children before grandchildren.
+
+    torchrun starts its workers in sessions of their own, so a process group is not
+    enough to find them.
+    """
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], list(children.get(pid, []))
+    while queue:
+        child = queue.pop(0)
+        found.append(child)
+        queue.extend(children.get(child, []))
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_tree(pid: int, *, grace: float = KILL_GRACE, reap: subprocess.Popen[bytes] | None = None) -> None:
+    """SIGTERM ``pid`` (torchrun then stops its workers), then SIGKILL whatever of its tree is left."""
+    tree = descendants(pid)
+    _signal_all([pid], signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if reap is not None and reap.poll() is not None and not any(_pid_alive(p) for p in tree):
+            break
+        if reap is None and not _pid_alive(pid):
+            break
+        time.sleep(0.1)
+    _signal_all([pid, *tree, *descendants(pid)], signal.SIGKILL)
+    if reap is not None:
+        reap.wait()
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop one node: its leader and every process it started."""
+    kill_tree(proc.pid, reap=proc)

@@ -1,0 +1,354 @@
+"""A TrainJob run report: one self-contained HTML page (or Markdown). Pure: no I/O.
+
+The KFP UI shows a ``dsl.HTML`` artifact in a sandboxed iframe, so the page carries its
+own CSS and draws metric curves as inline SVG: no scripts, no fonts, no CDN. Every piece
+of text is escaped, and long metric series are downsampled so the page stays small
+whatever the run printed.
+
+The input is plain data (see :func:`outcome_data`), so the report can be rendered from a
+launcher :class:`~kfp_trainer.launcher.Outcome` or from JSON saved elsewhere.
+
+Example:
+    >>> page = render_html({
+    ...     "trainjob": "team-a/train-x1", "runtime": "ClusterTrainingRuntime/torch-distributed",
+    ...     "phase": "Succeeded",
+    ...     "metrics": {"loss": [{"step": 1, "value": 2.0}, {"step": 2, "value": 1.0}]},
+    ... })
+    >>> page.startswith("<!DOCTYPE html>") and "<svg" in page and "<script" not in page
+    True
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+MAX_POINTS = 400  # per curve, after downsampling
+MAX_CHARTS = 12
+MAX_TIMELINE = 200
+MAX_TEXT = 2000
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:16px;color:#202124;font-size:14px}
+h1{font-size:18px;margin:0 0 8px}h2{font-size:15px;margin:20px 0 8px;border-bottom:1px solid #dadce0;padding-bottom:4px}
+table{border-collapse:collapse;margin:4px 0}td,th{border:1px solid #dadce0;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f1f3f4;font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:600;color:#fff;background:#5f6368}
+.Succeeded{background:#188038}.Failed{background:#d93025}.Running{background:#1a73e8}.Deleted{background:#b06000}
+.charts{display:flex;flex-wrap:wrap;gap:12px}.chart{border:1px solid #dadce0;border-radius:4px;padding:4px}
+.muted{color:#5f6368}pre{white-space:pre-wrap;background:#f8f9fa;padding:8px;border-radius:4px}
+svg text{font-size:10px;fill:#5f6368}
+"""
+
+
+def _esc(value: Any, limit: int = MAX_TEXT) -> str:
+    text = "" if value is None else str(value)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return html.escape(text, quote=True)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return _esc(value)
+    if not math.isfinite(value):
+        return _esc(value)
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.6g}"
+
+
+def _when(ts: Any) -> str:
+    try:
+        return _dt.datetime.fromtimestamp(float(ts), tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return _esc(ts)
+
+
+def downsample(points: Sequence[tuple[float, float]], limit: int = MAX_POINTS) -> list[tuple[float, float]]:
+    """Keep at most ``limit`` points: the first, the last, and each bucket's min and max.
+
+    Keeping extremes (not every n-th point) preserves spikes a plain stride would hide.
+
+    Example:
+        >>> len(downsample([(float(i), float(i % 7)) for i in range(10_000)], limit=100))
+        100
+    """
+    pts = list(points)
+    if len(pts) <= limit:
+        return pts
+    if limit < 4:
+        return [pts[0], pts[-1]][:limit]
+    buckets = (limit - 2) // 2
+    inner = pts[1:-1]
+    size = len(inner) / buckets
+    out = [pts[0]]
+    for b in range(buckets):
+        chunk = inner[int(b * size) : max(int((b + 1) * size), int(b * size) + 1)]
+        if not chunk:
+            continue
+        lo = min(chunk, key=lambda p: p[1])
+        hi = max(chunk, key=lambda p: p[1])
+        out.extend(sorted({lo, hi}, key=lambda p: p[0]) if lo != hi else [lo])
+    out.append(pts[-1])
+    return out[:limit]
+
+
+def _series_xy(points: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[float, float]], str]:
+    """(x, y) pairs of one metric and the x axis label: step, else epoch, else index."""
+    rows = [p for p in points if isinstance(p.get("value"), (int, float)) and math.isfinite(float(p["value"]))]
+    for key in ("step", "epoch"):
+        if rows and all(isinstance(p.get(key), (int, float)) for p in rows):
+            return [(float(p[key]), float(p["value"])) for p in rows], key
+    return [(float(i), float(p["value"])) for i, p in enumerate(rows)], "point"
+
+
+def svg_chart(name: str, points: Iterable[Mapping[str, Any]], *, width: int = 360, height: int = 200) -> str:
+    """An inline SVG line chart of one metric (x: step, epoch or point index)."""
+    xy, xlabel = _series_xy(points)
+    xy = downsample(xy)
+    left, right, top, bottom = 48, 10, 20, 28
+    w, h = width - left - right, height - top - bottom
+    title = f'<text x="{left}" y="13" style="font-size:12px;fill:#202124;font-weight:600">{_esc(name, 80)}</text>'
+    if not xy:
+        return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{title}<text x="{left}" y="{top + 20}">no values</text></svg>'
+    xs, ys = [p[0] for p in xy], [p[1] for p in xy]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+    if y1 == y0:
+        pad = abs(y0) * 0.05 or 1.0
+        y0, y1 = y0 - pad, y1 + pad
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * w
+
+    def sy(y: float) -> float:
+        return top + (1 - (y - y0) / (y1 - y0)) * h
+
+    coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in xy)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{_esc(name, 80)}">',
+        title,
+        f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#dadce0"/>',
+        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{_fmt(y1)}</text>',
+        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_fmt(y0)}</text>',
+        f'<text x="{left}" y="{height - 14}">{_fmt(x0)}</text>',
+        f'<text x="{left + w}" y="{height - 14}" text-anchor="end">{_fmt(x1)}</text>',
+        f'<text x="{left + w / 2:.0f}" y="{height - 3}" text-anchor="middle">{_esc(xlabel)}</text>',
+    ]
+    if len(xy) == 1:
+        parts.append(f'<circle cx="{sx(xy[0][0]):.1f}" cy="{sy(xy[0][1]):.1f}" r="3" fill="#1a73e8"/>')
+    else:
+        parts.append(f'<polyline fill="none" stroke="#1a73e8" stroke-width="1.5" points="{coords}"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[bool] | None = None) -> str:
+    numeric = numeric or [False] * len(headers)
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = "".join(
+            f'<td class="n">{_fmt(v)}</td>' if numeric[i] else f"<td>{_esc(v)}</td>" for i, v in enumerate(row)
+        )
+        body.append(f"<tr>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _summary_rows(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = [
+        ("TrainJob", data.get("trainjob", "")),
+        ("Runtime", data.get("runtime", "")),
+        ("Trainer API", data.get("api_version", "")),
+        ("Phase", data.get("phase", "")),
+    ]
+    if data.get("reason") or data.get("message"):
+        rows.append(("Reason", f"{data.get('reason', '')}: {data.get('message', '')}".strip(": ")))
+    rows.append(("Adopted from an earlier try", "yes" if data.get("adopted") else "no"))
+    for key, label in (("backend", "Backend"), ("duration_seconds", "Duration (s)"), ("log_lines", "Log lines")):
+        if data.get(key) not in (None, ""):
+            rows.append((label, data[key]))
+    return rows
+
+
+def _final_best(data: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    final = dict(data.get("final") or {})
+    best = dict(data.get("best") or {})
+    metrics = data.get("metrics") or {}
+    names = list(dict.fromkeys([*metrics, *final, *best]))
+    rows = []
+    for name in names:
+        series = [p.get("value") for p in metrics.get(name, []) if isinstance(p.get("value"), (int, float))]
+        rows.append((name, final.get(name, series[-1] if series else None), best.get(name)))
+    return rows
+
+
+def _jobs_status(status: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    rows = []
+    for job in status.get("jobsStatus") or []:
+        if isinstance(job, Mapping):
+            rows.append(
+                (job.get("name", ""), job.get("active", 0), job.get("ready", 0), job.get("succeeded", 0),
+                 job.get("failed", 0), job.get("suspended", 0))
+            )
+    return rows
+
+
+def render_html(data: Mapping[str, Any]) -> str:
+    """Render the run report as one self-contained HTML page.
+
+    Args:
+        data: Plain data as :func:`outcome_data` returns it: ``trainjob`` (namespace/name),
+            ``runtime``, ``api_version``, ``phase``, ``reason``, ``message``, ``adopted``,
+            ``metrics`` (``{name: [{"value", "step", "epoch"}]}``), ``final`` and ``best``
+            (``{name: value}``), ``timeline`` (``[(unix_time, event)]``), ``status`` (the
+            TrainJob's status; ``jobsStatus`` is shown per replicated job) and optional
+            ``extra`` (``{label: value}`` rows).
+
+    Returns:
+        The HTML document.
+    """
+    phase = str(data.get("phase", ""))
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>TrainJob {_esc(data.get('trainjob', ''), 200)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>TrainJob {_esc(data.get('trainjob', ''), 200)} <span class='badge {_esc(phase, 20)}'>{_esc(phase, 40)}</span></h1>",
+        _table(["", ""], _summary_rows(data)),
+    ]
+    metrics: Mapping[str, Any] = data.get("metrics") or {}
+    parts.append("<h2>Metrics</h2>")
+    if metrics:
+        charts = [
+            f"<div class='chart'>{svg_chart(name, points)}</div>"
+            for name, points in list(metrics.items())[:MAX_CHARTS]
+            if isinstance(points, Sequence)
+        ]
+        parts.append(f"<div class='charts'>{''.join(charts)}</div>")
+        if len(metrics) > MAX_CHARTS:
+            parts.append(f"<p class='muted'>{len(metrics) - MAX_CHARTS} more metric(s) in the table only.</p>")
+    else:
+        parts.append("<p class='muted'>The trainer printed no metrics.</p>")
+    rows = _final_best(data)
+    if rows:
+        parts.append(_table(["metric", "final", "best"], rows, [False, True, True]))
+    extra = data.get("extra") or {}
+    if extra:
+        parts.append("<h2>Details</h2>" + _table(["", ""], list(extra.items())))
+    timeline = list(data.get("timeline") or [])
+    if timeline:
+        shown = timeline if len(timeline) <= MAX_TIMELINE else timeline[: MAX_TIMELINE // 2] + timeline[-MAX_TIMELINE // 2 :]
+        start = _first_time(timeline)
+        rows_t = [(_when(t), _offset(t, start), e) for t, e in (_pair(item) for item in shown)]
+        parts.append("<h2>Timeline</h2>" + _table(["time", "+s", "event"], rows_t, [False, True, False]))
+        if len(timeline) > MAX_TIMELINE:
+            parts.append(f"<p class='muted'>{len(timeline) - MAX_TIMELINE} event(s) in the middle left out.</p>")
+    jobs = _jobs_status(data.get("status") or {})
+    if jobs:
+        parts.append(
+            "<h2>Replicated jobs</h2>"
+            + _table(["job", "active", "ready", "succeeded", "failed", "suspended"], jobs, [False] + [True] * 5)
+        )
+    conditions = (data.get("status") or {}).get("conditions") or []
+    if conditions:
+        parts.append(
+            "<h2>Conditions</h2>"
+            + _table(
+                ["type", "status", "reason", "message", "last transition"],
+                [(c.get("type"), c.get("status"), c.get("reason"), c.get("message"), c.get("lastTransitionTime"))
+                 for c in conditions if isinstance(c, Mapping)],
+            )
+        )
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def _pair(item: Any) -> tuple[Any, Any]:
+    if isinstance(item, Mapping):
+        return item.get("time"), item.get("event")
+    if isinstance(item, (list, tuple)) and len(item) >= 2:
+        return item[0], item[1]
+    return None, item
+
+
+def _first_time(timeline: Sequence[Any]) -> float | None:
+    for item in timeline:
+        t, _ = _pair(item)
+        if isinstance(t, (int, float)):
+            return float(t)
+    return None
+
+
+def _offset(t: Any, start: float | None) -> Any:
+    if start is None or not isinstance(t, (int, float)):
+        return ""
+    return round(float(t) - start, 1)
+
+
+def render_markdown(data: Mapping[str, Any]) -> str:
+    """The same report as Markdown (tables only; KFP's Markdown viewer shows no raw HTML).
+
+    Example:
+        >>> print(render_markdown({"trainjob": "ns/j", "phase": "Succeeded", "final": {"loss": 0.5}}).splitlines()[0])
+        # TrainJob ns/j: Succeeded
+    """
+
+    def cell(value: Any) -> str:
+        text = _fmt(value) if isinstance(value, (int, float)) else str("" if value is None else value)
+        return text.replace("|", "\\|").replace("\n", " ")[:MAX_TEXT]
+
+    lines = [f"# TrainJob {cell(data.get('trainjob', ''))}: {cell(data.get('phase', ''))}", "", "| | |", "|---|---|"]
+    lines += [f"| {cell(k)} | {cell(v)} |" for k, v in _summary_rows(data)]
+    rows = _final_best(data)
+    if rows:
+        lines += ["", "| metric | final | best |", "|---|---:|---:|"]
+        lines += [f"| {cell(n)} | {cell(f)} | {cell(b)} |" for n, f, b in rows]
+    timeline = list(data.get("timeline") or [])[:MAX_TIMELINE]
+    if timeline:
+        lines += ["", "| time | event |", "|---|---|"]
+        lines += [f"| {cell(_when(t))} | {cell(e)} |" for t, e in (_pair(i) for i in timeline)]
+    jobs = _jobs_status(data.get("status") or {})
+    if jobs:
+        lines += ["", "| job | active | ready | succeeded | failed | suspended |", "|---|---:|---:|---:|---:|---:|"]
+        lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in jobs]
+    return "\n".join(lines) + "\n"
+
+
+def outcome_data(outcome: Any, **extra: Any) -> dict[str, Any]:
+    """Plain data for :func:`render_html` from a launcher ``Outcome`` (duck-typed).
+
+    Args:
+        outcome: An object with ``ref``, ``phase``, ``metrics`` (a ``MetricSeries``),
+            ``timeline``, ``status`` and the other ``Outcome`` fields.
+        **extra: More top-level keys (e.g. ``extra={...}`` rows, ``backend``).
+
+    Returns:
+        A JSON-ready dict.
+    """
+    metrics = getattr(outcome, "metrics", None)
+    phase = getattr(outcome, "phase", "")
+    data: dict[str, Any] = {
+        "trainjob": str(getattr(outcome, "ref", "")),
+        "runtime": getattr(outcome, "runtime", ""),
+        "api_version": getattr(outcome, "api_version", ""),
+        "phase": getattr(phase, "value", phase),
+        "reason": getattr(outcome, "reason", ""),
+        "message": getattr(outcome, "message", ""),
+        "adopted": bool(getattr(outcome, "adopted", False)),
+        "metrics": metrics.to_dict() if metrics is not None else {},
+        "final": metrics.final() if metrics is not None else {},
+        "best": metrics.best() if metrics is not None else {},
+        "timeline": [list(item) for item in getattr(outcome, "timeline", [])],
+        "status": dict(getattr(outcome, "status", {}) or {}),
+        "log_lines": getattr(outcome, "log_lines", None),
+    }
+    timeline = data["timeline"]
+    if len(timeline) >= 2:
+        data["duration_seconds"] = round(float(timeline[-1][0]) - float(timeline[0][0]), 1)
+    data.update(extra)
+    return data

@@ -1,0 +1,135 @@
+"""The local backend runs real processes: distributed torch across local nodes, failures,
+cancellation with no stray processes, initializers, adoption."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kfp_trainer.backends.local import LocalBackend, descendants
+from kfp_trainer.errors import InvalidSpecErrors, JobFailedError, RuntimeNotFoundError, ValidationError
+from kfp_trainer.launcher import LaunchOptions, Launcher
+from kfp_trainer.spec import TrainJobInputs
+
+ALLREDUCE = textwrap.dedent(
+    """
+    import json, os
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    print(json.dumps({"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                      "node_rank": int(os.environ["GROUP_RANK"]), "sum": t.item()}), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def run(tmp_path: Path, **inputs):
+    backend = LocalBackend(tmp_path / "jobs")
+    out = io.StringIO()
+    launcher = Launcher(backend, LaunchOptions(logs=inputs.pop("logs", "0")), out=out)
+    outcome = launcher.run(TrainJobInputs(run_id=inputs.pop("run_id", "run-1"), task_name="train", **inputs))
+    return outcome, out.getvalue(), backend
+
+
+def test_two_nodes_two_processes_all_reduce_in_a_world_of_four(tmp_path):
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    outcome, out, _ = run(tmp_path, num_nodes=2, num_proc_per_node=2, command=["torchrun", str(script)], logs="all")
+    records = [json.loads(line.split("] ", 1)[1]) for line in out.splitlines() if '"world_size"' in line]
+    assert outcome.succeeded
+    assert sorted(r["rank"] for r in records) == [0, 1, 2, 3]
+    assert {r["world_size"] for r in records} == {4}
+    assert {r["sum"] for r in records} == {10.0}
+    assert sorted({r["node_rank"] for r in records}) == [0, 1]
+
+
+def test_failing_trainer_fails_with_the_log_tail(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("print('loading data', flush=True)\nraise SystemExit('CUDA out of memory (pretend)')\n")
+    with pytest.raises(JobFailedError) as info:
+        run(tmp_path, command=["python", str(script)])
+    message = str(info.value)
+    assert "FailedJobs" in message and "exited with code 1" in message
+    assert "loading data" in message and "CUDA out of memory (pretend)" in message
+
+
+def test_initializers_fill_the_workspace_the_trainer_reads(tmp_path):
+    script = tmp_path / "count.py"
+    script.write_text("import sys\nprint('records', sum(1 for _ in open(sys.argv[1])), flush=True)\n")
+    outcome, out, backend = run(tmp_path, dataset_uri="builtin://datasets/addition",
+                                command=["python", str(script), "/workspace/dataset/test.jsonl"])
+    assert outcome.succeeded
+    assert any(line.startswith("records ") and int(line.split()[1]) > 100 for line in out.splitlines())
+    assert backend.host_path(outcome.ref, "/workspace/dataset").is_dir()
+
+
+def test_retry_adopts_the_finished_job(tmp_path):
+    script = tmp_path / "ok.py"
+    script.write_text("print('trained', flush=True)\n")
+    first, _, _ = run(tmp_path, command=["python", str(script)])
+    second, _, _ = run(tmp_path, command=["python", str(script)])
+    assert not first.adopted and second.adopted and first.ref == second.ref
+
+
+def test_bad_runtime_and_uri_fail_before_anything_starts(tmp_path):
+    with pytest.raises(RuntimeNotFoundError, match="Available .*torch-distributed"):
+        run(tmp_path, runtime="no-such-runtime", command=["python", "-c", "pass"])
+    with pytest.raises(InvalidSpecErrors, match="dataset_uri"):
+        run(tmp_path, dataset_uri="ftp://x/y", command=["python", "-c", "pass"])
+    with pytest.raises(ValidationError, match="executable found"):
+        run(tmp_path, command=["no-such-binary-xyz"])
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").rglob("trainjob.json"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ")[1].startswith("Z"))
+
+
+def test_cancel_kills_the_whole_process_tree(tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(300)\n")
+    env = {**os.environ, "KFP_TRAINER_LOCAL_ROOT": str(tmp_path / "jobs")}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "kfp_trainer.cli", "launch", "--local", "--run-id", "r", "--task-name", "t",
+         "--num-nodes", "2", "--num-proc-per-node", "2", "--command", f"torchrun,{script}"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    deadline = time.time() + 90
+    state = None
+    while time.time() < deadline:
+        files = list((tmp_path / "jobs").rglob("trainjob.json"))
+        state = json.loads(files[0].read_text()) if files else None
+        logs = list((tmp_path / "jobs").rglob("node-*.log"))
+        if state and state["status"].get("pids") and sum(p.read_text().count("started") for p in logs) >= 4:
+            break
+        time.sleep(0.5)
+    else:
+        launcher.kill()
+        pytest.fail(f"job did not start: {launcher.stdout.read() if launcher.stdout else ''}")
+    leaders = state["status"]["pids"]
+    members = leaders + [child for leader in leaders for child in descendants(leader)]
+    assert len(members) >= 6  # 2 torchrun agents + 4 workers
+    launcher.send_signal(signal.SIGTERM)
+    output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, output
+    assert "deleting TrainJob" in output
+    time.sleep(0.5)
+    assert [p for p in members if _alive(p)] == []
+    assert not list((tmp_path / "jobs").rglob("trainjob.json"))
