@@ -24,13 +24,37 @@ from .spec import TrainJobInputs
 
 # Flags that map one-to-one onto TrainJobInputs fields (flag name = field with dashes).
 _SIMPLE = (
-    "name", "name_prefix", "namespace", "run_id", "task_name", "pipeline_name", "runtime", "runtime_kind", "image",
-    "dataset_uri", "dataset_secret", "model_uri", "model_secret", "service_account", "queue_name",
+    "name",
+    "name_prefix",
+    "namespace",
+    "run_id",
+    "task_name",
+    "pipeline_name",
+    "runtime",
+    "runtime_kind",
+    "image",
+    "dataset_uri",
+    "dataset_secret",
+    "model_uri",
+    "model_secret",
+    "service_account",
+    "queue_name",
 )
 _INT = ("num_nodes", "active_deadline_seconds")
 _JSON = (
-    "resources_per_node", "labels", "annotations", "pod_labels", "pod_annotations", "volumes", "volume_mounts",
-    "node_selector", "tolerations", "affinity", "patch", "dataset_env", "model_env",
+    "resources_per_node",
+    "labels",
+    "annotations",
+    "pod_labels",
+    "pod_annotations",
+    "volumes",
+    "volume_mounts",
+    "node_selector",
+    "tolerations",
+    "affinity",
+    "patch",
+    "dataset_env",
+    "model_env",
 )
 
 
@@ -111,7 +135,7 @@ def cmd_render(ns: argparse.Namespace) -> int:
 
 def cmd_launch(ns: argparse.Namespace) -> int:
     """Run one TrainJob to its end and print a summary."""
-    from .launcher import LaunchOptions, Launcher
+    from .launcher import Launcher, LaunchOptions
 
     inputs = inputs_from_args(ns)
     if ns.local:
@@ -128,6 +152,86 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     outcome = Launcher(backend, options).run(inputs)
     print(json.dumps({"trainjob": str(outcome.ref), "phase": outcome.phase.value, "metrics": outcome.metrics.final()}))
     return 0
+
+
+def load_pipeline(target: str) -> Any:
+    """The pipeline object defined in ``target`` (a ``pipeline.py`` or the folder holding one)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(target)
+    if path.is_dir():
+        path = path / "pipeline.py"
+    if not path.is_file():
+        raise SystemExit(f"error: no pipeline file at {path}")
+    spec = importlib.util.spec_from_file_location(f"kfp_trainer_pipeline_{path.parent.name}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from kfp.dsl.graph_component import GraphComponent
+
+    pipelines = [v for v in vars(module).values() if isinstance(v, GraphComponent)]
+    named = [p for p in pipelines if getattr(module, "PIPELINE", None) is p]
+    if named or len(pipelines) == 1:
+        return (named or pipelines)[0]
+    raise SystemExit(f"error: {path} defines {len(pipelines)} pipelines; name the one to run PIPELINE")
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    """Run a whole pipeline with kfp.local on this machine (the local TrainJob backend)."""
+    import os
+    import tempfile
+    import time
+    from pathlib import Path
+
+    if not ns.local:
+        raise SystemExit("error: only --local runs are supported here; upload the compiled YAML to KFP for cluster runs")
+    pipeline = load_pipeline(ns.pipeline)
+    params = {}
+    for item in ns.param or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--param {item!r}: expected name=value")
+        params[key] = _json_value(value)
+    import kfp.local
+
+    out = Path(ns.output or Path("out") / f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    # kfp.local deletes the workspace root when the run ends: always a fresh folder of our own.
+    workspace = Path(tempfile.mkdtemp(prefix="kfp-trainer-workspace-"))
+    os.environ["KFP_TRAINER_BACKEND"] = "local"
+    os.environ.setdefault("KFP_TRAINER_LOCAL_ROOT", str(out / "trainjobs"))
+    kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "artifacts"), workspace_root=str(workspace))
+    started = time.monotonic()
+    print(f"[kfp-trainer] running pipeline {pipeline.name} locally; outputs in {out}", flush=True)
+    pipeline(**params)
+    print(f"[kfp-trainer] pipeline {pipeline.name} finished in {time.monotonic() - started:.0f}s", flush=True)
+    print(summarize_outputs(out / "artifacts"))
+    return 0
+
+
+def summarize_outputs(root: Any) -> str:
+    """A readable list of the run's metrics, models and reports under ``root``."""
+    from pathlib import Path
+
+    lines = [f"Outputs under {root}:"]
+    for path in sorted(Path(root).rglob("*")):
+        if not path.is_file() or path.name == "executor_output.json":
+            continue
+        task = path.relative_to(root).parts[1] if len(path.relative_to(root).parts) > 2 else ""
+        if path.suffix == ".json" or "metrics" in path.name:
+            try:
+                data = json.loads(path.read_text())
+            except ValueError:
+                continue
+            if isinstance(data, dict) and data and all(isinstance(v, (int, float)) for v in data.values()):
+                shown = ", ".join(f"{k}={v:.4g}" for k, v in data.items())
+                lines.append(f"  metrics  {task}: {shown}")
+        elif path.suffix == ".html":
+            lines.append(f"  report   {task}: {path}")
+    models = sorted({p.parent for p in Path(root).rglob("config.json")})
+    lines += [f"  model    {m}" for m in models]
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--logs", default="0", help="trainer node index, 'all' or 'none'")
     launch.add_argument("--delete-after-success", action="store_true")
     launch.set_defaults(func=cmd_launch)
+
+    run = sub.add_parser("run", help="run a pipeline (folder or pipeline.py) locally with kfp.local")
+    run.add_argument("pipeline")
+    run.add_argument("--local", action="store_true", help="run on this machine with the local TrainJob backend")
+    run.add_argument("--param", action="append", metavar="NAME=VALUE", help="pipeline parameter (repeatable)")
+    run.add_argument("--output", help="folder for artifacts and local TrainJobs (default: out/<pipeline>-<time>)")
+    run.set_defaults(func=cmd_run)
     return parser
 
 

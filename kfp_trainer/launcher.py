@@ -147,9 +147,7 @@ class Launcher:
             inputs = inputs.model_copy(update={"namespace": self.backend.default_namespace()})
         info = self.backend.resolve_runtime(inputs)
         budget = min(naming.max_name_length(), naming.max_name_length(info.replicated_jobs))
-        manifest = spec.render(
-            inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget, local=local
-        )
+        manifest = spec.render(inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget, local=local)
         return manifest, info.api_version, f"{info.kind}/{info.name}"
 
     def run(self, inputs: TrainJobInputs) -> Outcome:
@@ -165,8 +163,13 @@ class Launcher:
         with cancel_on_signals():
             submission = self.backend.submit(manifest)
             outcome = Outcome(
-                ref=submission.ref, manifest=manifest, phase=Phase.PENDING, adopted=submission.adopted,
-                replaced=submission.replaced, runtime=runtime, api_version=api_version,
+                ref=submission.ref,
+                manifest=manifest,
+                phase=Phase.PENDING,
+                adopted=submission.adopted,
+                replaced=submission.replaced,
+                runtime=runtime,
+                api_version=api_version,
             )
             self._announce(submission, outcome)
             try:
@@ -256,10 +259,8 @@ class Launcher:
                     )
         finally:
             if logs_thread is not None:
-                if outcome.phase.finished and outcome.phase is not Phase.DELETED:
-                    logs_thread.join(options.log_drain_timeout)  # let the last lines arrive
-                stop.set()
-                logs_thread.join(5)
+                stop.set()  # followers stop following and catch up on the last lines
+                logs_thread.join(options.log_drain_timeout)
             outcome.log_lines = printer.count
         outcome.metrics.extend(from_trainer_status(outcome.status))
         if outcome.phase is Phase.SUCCEEDED:

@@ -156,7 +156,4 @@ class MetricSeries:
 
     def to_dict(self) -> dict[str, list[dict[str, float | None]]]:
         """JSON-ready ``{name: [{"value", "step", "epoch"}, ...]}``."""
-        return {
-            name: [{"value": p.value, "step": p.step, "epoch": p.epoch} for p in self.series(name)]
-            for name in self.names()
-        }
+        return {name: [{"value": p.value, "step": p.step, "epoch": p.epoch} for p in self.series(name)] for name in self.names()}

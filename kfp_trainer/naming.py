@@ -105,15 +105,13 @@ def trainjob_name(
             raise ValidationError(
                 "name_prefix",
                 prefix,
-                "lower-case letters, digits and '-', starting with a letter and ending "
-                "with a letter or digit (RFC 1035)",
+                "lower-case letters, digits and '-', starting with a letter and ending with a letter or digit (RFC 1035)",
             )
         if len(prefix) > budget - HASH_LENGTH - 1:
             raise ValidationError(
                 "name_prefix",
                 prefix,
-                f"at most {budget - HASH_LENGTH - 1} characters (the name budget is {budget} "
-                "so that JobSet's pod names fit in 63)",
+                f"at most {budget - HASH_LENGTH - 1} characters (the name budget is {budget} so that JobSet's pod names fit in 63)",
             )
         stem = prefix
     else:
@@ -124,16 +122,12 @@ def trainjob_name(
 def check_name(name: str, max_length: int) -> str:
     """Validate a user-given TrainJob name against RFC 1035 and the pod-name budget."""
     if not RFC1035.match(name):
-        raise ValidationError(
-            "name", name, "an RFC-1035 label: lower-case letters, digits and '-', starting "
-            "with a letter"
-        )
+        raise ValidationError("name", name, "an RFC-1035 label: lower-case letters, digits and '-', starting with a letter")
     if len(name) > max_length:
         raise ValidationError(
             "name",
             name,
-            f"at most {max_length} characters, so that the pod names JobSet derives "
-            f"(<name>-<replicatedJob>-0-0-xxxxx) fit in 63",
+            f"at most {max_length} characters, so that the pod names JobSet derives (<name>-<replicatedJob>-0-0-xxxxx) fit in 63",
         )
     return name
 

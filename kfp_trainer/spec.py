@@ -136,20 +136,14 @@ class TrainJobInputs(BaseModel):
         """
         given = {k: v for k, v in inputs.items() if v is not None}
         unknown = sorted(set(given) - set(cls.model_fields))
-        errors = [
-            ValidationError(k, given[k], f"one of the known inputs ({', '.join(sorted(cls.model_fields))})")
-            for k in unknown
-        ]
+        errors = [ValidationError(k, given[k], f"one of the known inputs ({', '.join(sorted(cls.model_fields))})") for k in unknown]
         if errors:
             raise InvalidSpecErrors(errors)
         try:
             return cls(**given)
         except pydantic.ValidationError as e:
             raise InvalidSpecErrors(
-                [
-                    ValidationError(".".join(str(p) for p in err["loc"]), err.get("input"), err["msg"])
-                    for err in e.errors()
-                ]
+                [ValidationError(".".join(str(p) for p in err["loc"]), err.get("input"), err["msg"]) for err in e.errors()]
             ) from None
 
     def digest(self) -> str:
@@ -199,11 +193,16 @@ def _check_env(field: str, env: list[dict[str, Any]], *, reserved: bool) -> list
             errors.append(ValidationError(where, item, "either value or valueFrom, not both"))
         if "valueFrom" in item:
             source = item["valueFrom"]
-            if not isinstance(source, dict) or len(source) != 1 or next(iter(source)) not in (
-                "secretKeyRef",
-                "configMapKeyRef",
-                "fieldRef",
-                "resourceFieldRef",
+            if (
+                not isinstance(source, dict)
+                or len(source) != 1
+                or next(iter(source))
+                not in (
+                    "secretKeyRef",
+                    "configMapKeyRef",
+                    "fieldRef",
+                    "resourceFieldRef",
+                )
             ):
                 errors.append(
                     ValidationError(
@@ -245,8 +244,7 @@ def _check_map(field: str, values: dict[str, str], *, label_values: bool) -> lis
                 ValidationError(
                     f"{field}[{key!r}]",
                     value,
-                    "a label value: empty or <= 63 characters of alphanumerics, '-', '_', '.', "
-                    "starting and ending alphanumeric",
+                    "a label value: empty or <= 63 characters of alphanumerics, '-', '_', '.', starting and ending alphanumeric",
                 )
             )
     return errors
@@ -285,9 +283,7 @@ def _check_resources(field: str, resources: dict[str, Any]) -> list[ValidationEr
     for res, qty in requests.items():
         if res in limits and is_quantity(qty) and is_quantity(limits[res]):
             if parse_quantity(qty) > parse_quantity(limits[res]):
-                errors.append(
-                    ValidationError(f"{field}.requests[{res!r}]", qty, f"at most the limit {limits[res]!r}")
-                )
+                errors.append(ValidationError(f"{field}.requests[{res!r}]", qty, f"at most the limit {limits[res]!r}"))
     return errors
 
 
@@ -319,9 +315,7 @@ def _check_pod_settings(inputs: TrainJobInputs) -> list[ValidationError]:
         if operator not in _TOLERATION_OPERATORS:
             errors.append(ValidationError(f"tolerations[{i}].operator", operator, "Exists or Equal"))
         if tol.get("effect", "") not in _TOLERATION_EFFECTS:
-            errors.append(
-                ValidationError(f"tolerations[{i}].effect", tol.get("effect"), "NoSchedule, PreferNoSchedule or NoExecute")
-            )
+            errors.append(ValidationError(f"tolerations[{i}].effect", tol.get("effect"), "NoSchedule, PreferNoSchedule or NoExecute"))
         if operator == "Exists" and tol.get("value"):
             errors.append(ValidationError(f"tolerations[{i}].value", tol.get("value"), "no value with operator Exists"))
     bad_affinity = set(inputs.affinity) - set(_AFFINITY_KEYS)
@@ -333,9 +327,7 @@ def _check_pod_settings(inputs: TrainJobInputs) -> list[ValidationError]:
         errors += _check_dns_name(f"image_pull_secrets[{i}]", secret, "Secret")
     for i, target in enumerate(inputs.pod_targets):
         if target not in TRAINER_JOBS + INITIALIZER_JOBS:
-            errors.append(
-                ValidationError(f"pod_targets[{i}]", target, f"a replicated job: {', '.join(TRAINER_JOBS + INITIALIZER_JOBS)}")
-            )
+            errors.append(ValidationError(f"pod_targets[{i}]", target, f"a replicated job: {', '.join(TRAINER_JOBS + INITIALIZER_JOBS)}"))
     return errors
 
 
@@ -411,11 +403,19 @@ def validate(inputs: TrainJobInputs, *, api_version: ApiVersion | None = "v2.2",
             e.append(ValidationError("active_deadline_seconds", inputs.active_deadline_seconds, "an integer >= 1"))
         elif api_version == "v2.1":
             e.append(
-                ValidationError("active_deadline_seconds", inputs.active_deadline_seconds, "unset: Trainer v2.1 has no activeDeadlineSeconds (v2.2+)")
+                ValidationError(
+                    "active_deadline_seconds", inputs.active_deadline_seconds, "unset: Trainer v2.1 has no activeDeadlineSeconds (v2.2+)"
+                )
             )
     if inputs.queue_name and (len(inputs.queue_name) > 63 or not _QUALIFIED_NAME.match(inputs.queue_name)):
-        e.append(ValidationError("queue_name", inputs.queue_name, f"a label value (it becomes the {QUEUE_LABEL} label): <= 63 "
-                                 "characters of alphanumerics, '-', '_', '.', starting and ending alphanumeric"))
+        e.append(
+            ValidationError(
+                "queue_name",
+                inputs.queue_name,
+                f"a label value (it becomes the {QUEUE_LABEL} label): <= 63 "
+                "characters of alphanumerics, '-', '_', '.', starting and ending alphanumeric",
+            )
+        )
     if inputs.name:
         try:
             naming.check_name(inputs.name, naming.DNS_LABEL_MAX)
@@ -687,7 +687,9 @@ def _check_patched(manifest: dict[str, Any], api_version: ApiVersion) -> None:
                         )
                     )
     if api_version == "v2.2" and "podTemplateOverrides" in spec:
-        errors.append(ValidationError("patch.spec.podTemplateOverrides", "...", "runtimePatches (podTemplateOverrides was removed in Trainer v2.2)"))
+        errors.append(
+            ValidationError("patch.spec.podTemplateOverrides", "...", "runtimePatches (podTemplateOverrides was removed in Trainer v2.2)")
+        )
     if errors:
         raise InvalidSpecErrors(errors)
 

@@ -110,9 +110,11 @@ def call(
 
     Args:
         fn: A client-library method.
+        *args: Its positional arguments.
         what: Short description of the call for error messages ("create TrainJob ns/x").
         policy: Retry policy for transient errors.
         sleep: Injected for tests.
+        **kwargs: Its keyword arguments.
 
     Raises:
         KfpTrainerError: The mapped error (InfraError once retries are exhausted).

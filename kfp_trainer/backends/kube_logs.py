@@ -11,6 +11,11 @@ many lines carried exactly that timestamp). When a stream ends it looks at the p
 dropped connection resumes from ``sinceTime`` and skips what was already shown; a
 restarted container first drains the previous instance's log (``previous=true``) and then
 follows the new one; a finished pod ends the follower.
+
+When the launcher sets ``stop`` (the TrainJob finished, or the run is being cancelled),
+:meth:`NodeLogFollower.interrupt` shuts the open stream down and the follower makes one last
+non-following read from its cursor, so the final lines are shown even where a log server
+keeps a finished container's stream open.
 """
 
 from __future__ import annotations
@@ -125,6 +130,21 @@ class NodeLogFollower:
         self.sleep = sleep or stop.wait
         self.cursors: dict[tuple[str, int], _Cursor] = {}
         self.lines = 0
+        self._response: Any = None
+        self._current: tuple[str, _Cursor] | None = None  # (pod, cursor) last followed
+
+    def interrupt(self) -> None:
+        """Unblock a read in progress (called from another thread once ``stop`` is set)."""
+        response = self._response
+        if response is None:
+            return
+        try:
+            response.shutdown()
+        except Exception:  # older urllib3, or already closed
+            try:
+                response.close()
+            except Exception:
+                pass
 
     # -- pods
     def _pod(self) -> dict[str, Any] | None:
@@ -157,9 +177,13 @@ class NodeLogFollower:
             request, self.api, path, query, timeout=(10, None if follow else 60), stream=True, what=f"logs of {pod}", policy=self.policy
         )
         seen_at: dict[Timestamp, int] = {}
+        if follow:
+            self._response = response
+            if self.stop.is_set():  # stop came while connecting
+                return
         try:
             for raw in _lines(response):
-                if self.stop.is_set():
+                if follow and self.stop.is_set():
                     return
                 text = raw.decode("utf-8", errors="replace").rstrip("\r")
                 stamp, _, rest = text.partition(" ")
@@ -169,12 +193,16 @@ class NodeLogFollower:
                     self.lines += 1
                     self.sink(LogLine(self.source, line))
         finally:
+            self._response = None
             response.release_conn()
 
     def run(self) -> None:
-        """Follow until the node's pod finishes or ``stop`` is set. Never raises."""
+        """Follow until the node's pod finishes or ``stop`` is set, then catch up. Never raises."""
         try:
             self._run()
+            if self._current is not None:
+                pod, cursor = self._current
+                self._safe_read(pod, cursor, follow=False)
         except KfpTrainerError as e:
             log.warning("%s: log streaming stopped: %s", self.source, e)
         except Exception as e:  # a log follower must never take the launcher down
@@ -197,20 +225,21 @@ class NodeLogFollower:
                 # The container restarted since we last read: catch up on its previous log.
                 self._safe_read(name, self.cursors[streamed], previous=True)
             if instance == streamed and _finished(pod):
-                self._safe_read(name, self.cursors[instance], follow=False)
-                return
+                return  # run() catches up from the cursor
             cursor = self.cursors.setdefault(instance, _Cursor())
+            self._current = (name, cursor)
             self._safe_read(name, cursor, follow=True)
             streamed = instance
             pod = self._pod()
             if pod is not None and pod["metadata"]["uid"] == uid and _finished(pod):
-                self._safe_read(name, cursor, follow=False)
-                return
+                return  # run() catches up from the cursor
 
     def _safe_read(self, pod: str, cursor: _Cursor, *, follow: bool = False, previous: bool = False) -> None:
         try:
             self._read(pod, cursor, follow=follow, previous=previous)
-        except (urllib3.exceptions.HTTPError, OSError) as e:
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            if self.stop.is_set():
+                return
             log.info("%s: log stream of %s interrupted (%s); resuming", self.source, pod, e)
             self.sleep(self.poll)
         except KfpTrainerError as e:

@@ -54,9 +54,7 @@ def request(
     )
 
 
-def list_objects(
-    api: ApiClient, path: str, selectors: list[tuple[str, str]], *, policy: RetryPolicy
-) -> tuple[list[dict[str, Any]], str]:
+def list_objects(api: ApiClient, path: str, selectors: list[tuple[str, str]], *, policy: RetryPolicy) -> tuple[list[dict[str, Any]], str]:
     """List objects at ``path``; return them and the list's resourceVersion."""
     body = call(request, api, path, list(selectors), timeout=30, what=f"list {path}", policy=policy)
     return list(body.get("items") or []), str((body.get("metadata") or {}).get("resourceVersion") or "")

@@ -102,14 +102,21 @@ class KubernetesBackend:
             return "default"
 
     def detect_api_version(self) -> ApiVersion:
-        """``v2.2`` when the served TrainJob schema has ``runtimePatches``, ``v2.1`` if it
-        has ``podTemplateOverrides``.
+        """The Trainer API the cluster serves: ``v2.2`` (runtimePatches) or ``v2.1`` (podTemplateOverrides).
 
         Reads the OpenAPI v3 document (open to every authenticated user, unlike the CRD).
         """
         if self._api_version in ("v2.1", "v2.2"):
             return self._api_version  # type: ignore[return-value]
-        doc = call(request, self.api, f"/openapi/v3/apis/{GROUP}/{VERSION}", [], timeout=30, what="read the Trainer OpenAPI schema", policy=self.policy)
+        doc = call(
+            request,
+            self.api,
+            f"/openapi/v3/apis/{GROUP}/{VERSION}",
+            [],
+            timeout=30,
+            what="read the Trainer OpenAPI schema",
+            policy=self.policy,
+        )
         schemas = ((doc or {}).get("components") or {}).get("schemas") or {}
         for key, schema in schemas.items():
             if key.endswith(".TrainJob"):
@@ -147,13 +154,24 @@ class KubernetesBackend:
         try:
             if inputs.runtime_kind == "TrainingRuntime":
                 runtime = call(
-                    self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, "trainingruntimes", inputs.runtime,
-                    what=f"get TrainingRuntime {namespace}/{inputs.runtime}", policy=self.policy,
+                    self.custom.get_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    "trainingruntimes",
+                    inputs.runtime,
+                    what=f"get TrainingRuntime {namespace}/{inputs.runtime}",
+                    policy=self.policy,
                 )
             else:
                 runtime = call(
-                    self.custom.get_cluster_custom_object, GROUP, VERSION, "clustertrainingruntimes", inputs.runtime,
-                    what=f"get ClusterTrainingRuntime {inputs.runtime}", policy=self.policy,
+                    self.custom.get_cluster_custom_object,
+                    GROUP,
+                    VERSION,
+                    "clustertrainingruntimes",
+                    inputs.runtime,
+                    what=f"get ClusterTrainingRuntime {inputs.runtime}",
+                    policy=self.policy,
                 )
         except NotFound:
             available = self._available_runtimes(namespace)
@@ -175,14 +193,27 @@ class KubernetesBackend:
     # ------------------------------------------------------------------ lifecycle
     def _get(self, ref: JobRef) -> dict[str, Any]:
         return call(
-            self.custom.get_namespaced_custom_object, GROUP, VERSION, ref.namespace, PLURAL, ref.name,
-            what=f"get TrainJob {ref}", policy=self.policy,
+            self.custom.get_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            ref.namespace,
+            PLURAL,
+            ref.name,
+            what=f"get TrainJob {ref}",
+            policy=self.policy,
         )
 
     def _create(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
         return call(
-            self.custom.create_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, manifest,
-            field_validation="Strict", what=f"create TrainJob {namespace}/{manifest['metadata']['name']}", policy=self.policy,
+            self.custom.create_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            manifest,
+            field_validation="Strict",
+            what=f"create TrainJob {namespace}/{manifest['metadata']['name']}",
+            policy=self.policy,
         )
 
     def submit(self, manifest: dict[str, Any]) -> Submission:
@@ -218,8 +249,12 @@ class KubernetesBackend:
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{ref.namespace}/{PLURAL}"
         last: JobStatus | None = None
         for event in watch(
-            self.api, path, [("fieldSelector", f"metadata.name={ref.name}")],
-            timeout_seconds=self.watch_timeout, policy=self.policy, resource_version=resource_version,
+            self.api,
+            path,
+            [("fieldSelector", f"metadata.name={ref.name}")],
+            timeout_seconds=self.watch_timeout,
+            policy=self.policy,
+            resource_version=resource_version,
         ):
             if event is None:
                 yield None
@@ -228,7 +263,11 @@ class KubernetesBackend:
             if obj is not None and ref.uid and obj["metadata"].get("uid") != ref.uid:
                 obj = None  # a different object with the same name: ours is gone
             status = trainjob_status(None if kind in ("DELETED", "ABSENT") else obj, trainer_job)
-            if last is None or (status.phase, status.reason, status.message) != (last.phase, last.reason, last.message) or status.raw != last.raw:
+            if (
+                last is None
+                or (status.phase, status.reason, status.message) != (last.phase, last.reason, last.message)
+                or status.raw != last.raw
+            ):
                 last = status
                 yield status
 
@@ -236,8 +275,11 @@ class KubernetesBackend:
         """Warning events and pod states that keep the job from starting."""
         found: list[Blocker] = []
         events = call(
-            self.core.list_namespaced_event, ref.namespace,
-            field_selector=f"involvedObject.name={ref.name},type=Warning", what=f"list events of {ref}", policy=self.policy,
+            self.core.list_namespaced_event,
+            ref.namespace,
+            field_selector=f"involvedObject.name={ref.name},type=Warning",
+            what=f"list events of {ref}",
+            policy=self.policy,
         )
         for event in events.items:
             if event.reason in CANNOT_START_EVENTS:
@@ -253,14 +295,21 @@ class KubernetesBackend:
                 waiting = cs.state.waiting if cs.state else None
                 if waiting and waiting.reason in IMAGE_ERRORS:
                     found.append(
-                        Blocker(waiting.reason, f"pod {pod.metadata.name} container {cs.name}: {waiting.message or ''}", fatal=IMAGE_ERRORS[waiting.reason])
+                        Blocker(
+                            waiting.reason,
+                            f"pod {pod.metadata.name} container {cs.name}: {waiting.message or ''}",
+                            fatal=IMAGE_ERRORS[waiting.reason],
+                        )
                     )
         return found
 
     def _pods(self, ref: JobRef) -> list[Any]:
         return call(
-            self.core.list_namespaced_pod, ref.namespace, label_selector=f"jobset.sigs.k8s.io/jobset-name={ref.name}",
-            what=f"list pods of {ref}", policy=self.policy,
+            self.core.list_namespaced_pod,
+            ref.namespace,
+            label_selector=f"jobset.sigs.k8s.io/jobset-name={ref.name}",
+            what=f"list pods of {ref}",
+            policy=self.policy,
         ).items
 
     def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
@@ -268,15 +317,28 @@ class KubernetesBackend:
         replicated_job = self.runtime.trainer_job if self.runtime else "node"
         count = self.num_nodes if replicated_job == "node" else 1
         indices = list(range(count)) if nodes == "all" else [int(nodes)]
-        threads = []
-        for index in indices:
-            follower = NodeLogFollower(
-                self.api, namespace=ref.namespace, job=ref.name, replicated_job=replicated_job, index=index,
-                sink=sink, stop=stop, source=f"{replicated_job}-{index}", policy=self.policy,
+        followers = [
+            NodeLogFollower(
+                self.api,
+                namespace=ref.namespace,
+                job=ref.name,
+                replicated_job=replicated_job,
+                index=index,
+                sink=sink,
+                stop=stop,
+                source=f"{replicated_job}-{index}",
+                policy=self.policy,
             )
-            thread = threading.Thread(target=follower.run, name=f"logs-{replicated_job}-{index}", daemon=True)
+            for index in indices
+        ]
+        threads = [threading.Thread(target=f.run, name=f"logs-{f.source}", daemon=True) for f in followers]
+        for thread in threads:
             thread.start()
-            threads.append(thread)
+        while any(t.is_alive() for t in threads):
+            if stop.wait(0.5):
+                for follower in followers:
+                    follower.interrupt()
+                break
         for thread in threads:
             thread.join()
 
@@ -316,8 +378,14 @@ class KubernetesBackend:
             pod_name, container, restarted = failing
             try:
                 text = call(
-                    self.core.read_namespaced_pod_log, pod_name, ref.namespace, container=container, tail_lines=tail,
-                    previous=restarted, what=f"logs of {pod_name}", policy=self.policy,
+                    self.core.read_namespaced_pod_log,
+                    pod_name,
+                    ref.namespace,
+                    container=container,
+                    tail_lines=tail,
+                    previous=restarted,
+                    what=f"logs of {pod_name}",
+                    policy=self.policy,
                 )
                 parts.append(f"Last {tail} log lines of {pod_name}/{container}:\n" + "\n".join("  " + line for line in text.splitlines()))
             except UserError as e:
@@ -328,8 +396,15 @@ class KubernetesBackend:
         """Delete the TrainJob with foreground propagation and wait (up to ``wait`` s) until gone."""
         try:
             call(
-                self.custom.delete_namespaced_custom_object, GROUP, VERSION, ref.namespace, PLURAL, ref.name,
-                propagation_policy="Foreground", what=f"delete TrainJob {ref}", policy=RetryPolicy(attempts=3),
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                ref.namespace,
+                PLURAL,
+                ref.name,
+                propagation_policy="Foreground",
+                what=f"delete TrainJob {ref}",
+                policy=RetryPolicy(attempts=3),
             )
         except NotFound:
             return
@@ -345,7 +420,7 @@ class KubernetesBackend:
         log.warning("TrainJob %s still being deleted after %.0fs (foreground deletion waits for its pods)", ref, wait)
 
     def inspect_hint(self, ref: JobRef) -> str:
-        """kubectl commands to look at the job."""
+        """Kubectl commands to look at the job."""
         return (
             f"  kubectl get trainjob -n {ref.namespace} {ref.name} -o yaml\n"
             f"  kubectl get pods -n {ref.namespace} -l jobset.sigs.k8s.io/jobset-name={ref.name}\n"

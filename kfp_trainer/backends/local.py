@@ -122,12 +122,17 @@ def materialize(uri: str, dest: Path) -> Path:
         except ImportError:
             raise ValidationError("storage_uri", uri, "huggingface_hub installed for hf:// URIs (pip install huggingface_hub)") from None
         try:
-            snapshot_download(repo_id=rest.strip("/"), local_dir=str(dest), token=os.environ.get("ACCESS_TOKEN") or None,
-                              repo_type="dataset" if dest.name == "dataset" else "model")
+            snapshot_download(
+                repo_id=rest.strip("/"),
+                local_dir=str(dest),
+                token=os.environ.get("ACCESS_TOKEN") or None,
+                repo_type="dataset" if dest.name == "dataset" else "model",
+            )
         except Exception as e:
             raise ValidationError(
-                "storage_uri", uri, f"a reachable Hugging Face Hub ({type(e).__name__}: {str(e)[:200]}); offline, use "
-                "builtin:// or file:// URIs"
+                "storage_uri",
+                uri,
+                f"a reachable Hugging Face Hub ({type(e).__name__}: {str(e)[:200]}); offline, use builtin:// or file:// URIs",
             ) from None
         return dest
     if scheme == "s3":
@@ -193,9 +198,7 @@ class LocalBackend:
         key = f"{inputs.runtime_kind}/{inputs.runtime}"
         if key not in runtimes:
             where = f" and {self.runtimes_dir}" if self.runtimes_dir else f" (set {RUNTIMES_ENV} to a folder of runtime YAML)"
-            raise RuntimeNotFoundError(
-                f"runtime: {key} is not a local runtime. Available (built in{where}): {', '.join(sorted(runtimes))}"
-            )
+            raise RuntimeNotFoundError(f"runtime: {key} is not a local runtime. Available (built in{where}): {', '.join(sorted(runtimes))}")
         runtime = runtimes[key]
         spec = runtime.get("spec") or {}
         nodes = inputs.num_nodes or int((spec.get("mlPolicy") or {}).get("numNodes") or 1)
@@ -204,7 +207,10 @@ class LocalBackend:
             for rj in ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
         )
         self.runtime = RuntimeInfo(
-            name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", replicated_jobs=jobs,
+            name=inputs.runtime,
+            kind=inputs.runtime_kind,
+            api_version="v2.2",
+            replicated_jobs=jobs,
             framework=(runtime["metadata"].get("labels") or {}).get("trainer.kubeflow.org/framework", ""),
         )
         return self.runtime
@@ -221,7 +227,7 @@ class LocalBackend:
     @staticmethod
     def _map(value: str, workspace: Path) -> str:
         if value == WORKSPACE or value.startswith(WORKSPACE + "/"):
-            return str(workspace) + value[len(WORKSPACE):]
+            return str(workspace) + value[len(WORKSPACE) :]
         return value.replace("=" + WORKSPACE + "/", "=" + str(workspace) + "/")
 
     # ------------------------------------------------------------------ lifecycle
@@ -281,8 +287,11 @@ class LocalBackend:
         (directory / "logs").mkdir(parents=True, exist_ok=True)
         workspace.mkdir(parents=True, exist_ok=True)
         uid = f"local-{os.getpid()}-{time.time_ns()}"
-        obj = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace, "uid": uid, "creationTimestamp": _now()},
-               "status": {"conditions": [], "jobsStatus": []}}
+        obj = {
+            **manifest,
+            "metadata": {**manifest["metadata"], "namespace": namespace, "uid": uid, "creationTimestamp": _now()},
+            "status": {"conditions": [], "jobsStatus": []},
+        }
         _write_json(directory / "trainjob.json", obj)
         job = _Job(directory)
         self.jobs[ref.name] = job
@@ -332,19 +341,30 @@ class LocalBackend:
                     materialize(uri, workspace / kind)
             runtime = self._runtime_doc(manifest)
             torch = "torch" in ((runtime.get("spec") or {}).get("mlPolicy") or {})
-            nodes = int((manifest["spec"].get("trainer") or {}).get("numNodes") or ((runtime.get("spec") or {}).get("mlPolicy") or {}).get("numNodes") or 1)
+            nodes = int(
+                (manifest["spec"].get("trainer") or {}).get("numNodes")
+                or ((runtime.get("spec") or {}).get("mlPolicy") or {}).get("numNodes")
+                or 1
+            )
             port = free_port()
             for node in range(nodes):
                 if job.cancelled.is_set():
                     return
                 out = open(directory / "logs" / f"node-{node}.log", "ab")
                 job.procs[node] = subprocess.Popen(
-                    command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workspace,
-                    env=self._env(manifest, workspace, node, nodes, port, torch), start_new_session=True,
+                    command,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=workspace,
+                    env=self._env(manifest, workspace, node, nodes, port, torch),
+                    start_new_session=True,
                 )
                 out.close()
             pids = [p.pid for p in job.procs.values()]
-            self._set_status(directory, obj, pids=pids, jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}])
+            self._set_status(
+                directory, obj, pids=pids, jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}]
+            )
             codes = self._wait(job)
             if job.cancelled.is_set():
                 return

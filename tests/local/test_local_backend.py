@@ -17,7 +17,7 @@ import pytest
 
 from kfp_trainer.backends.local import LocalBackend, descendants
 from kfp_trainer.errors import InvalidSpecErrors, JobFailedError, RuntimeNotFoundError, ValidationError
-from kfp_trainer.launcher import LaunchOptions, Launcher
+from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.spec import TrainJobInputs
 
 ALLREDUCE = textwrap.dedent(
@@ -68,8 +68,9 @@ def test_failing_trainer_fails_with_the_log_tail(tmp_path):
 def test_initializers_fill_the_workspace_the_trainer_reads(tmp_path):
     script = tmp_path / "count.py"
     script.write_text("import sys\nprint('records', sum(1 for _ in open(sys.argv[1])), flush=True)\n")
-    outcome, out, backend = run(tmp_path, dataset_uri="builtin://datasets/addition",
-                                command=["python", str(script), "/workspace/dataset/test.jsonl"])
+    outcome, out, backend = run(
+        tmp_path, dataset_uri="builtin://datasets/addition", command=["python", str(script), "/workspace/dataset/test.jsonl"]
+    )
     assert outcome.succeeded
     assert any(line.startswith("records ") and int(line.split()[1]) > 100 for line in out.splitlines())
     assert backend.host_path(outcome.ref, "/workspace/dataset").is_dir()
@@ -107,9 +108,27 @@ def test_cancel_kills_the_whole_process_tree(tmp_path):
     script.write_text("import time\nprint('started', flush=True)\ntime.sleep(300)\n")
     env = {**os.environ, "KFP_TRAINER_LOCAL_ROOT": str(tmp_path / "jobs")}
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "kfp_trainer.cli", "launch", "--local", "--run-id", "r", "--task-name", "t",
-         "--num-nodes", "2", "--num-proc-per-node", "2", "--command", f"torchrun,{script}"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "kfp_trainer.cli",
+            "launch",
+            "--local",
+            "--run-id",
+            "r",
+            "--task-name",
+            "t",
+            "--num-nodes",
+            "2",
+            "--num-proc-per-node",
+            "2",
+            "--command",
+            f"torchrun,{script}",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline = time.time() + 90
     state = None

@@ -8,10 +8,9 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from kfp_trainer.backends.base import Phase
+from kfp_trainer.backends.base import Phase, trainjob_status
 from kfp_trainer.backends.kube_api import Conflict, Gone, NotFound, RetryPolicy, call
 from kfp_trainer.backends.kube_logs import _Cursor, parse_timestamp
-from kfp_trainer.backends.kubernetes import trainjob_status
 from kfp_trainer.errors import ForbiddenError, InfraError, KfpTrainerError, RejectedError
 
 
@@ -47,8 +46,11 @@ def test_user_side_errors_are_mapped_and_not_retried(raised, expected):
 
 def test_rejection_message_carries_the_field_causes():
     with pytest.raises(RejectedError, match=r"create x: TrainJob is invalid \(spec.foo: unknown field\)"):
-        call(lambda: (_ for _ in ()).throw(api_error(422, "TrainJob is invalid", [{"field": "spec.foo", "message": "unknown field"}])),
-             what="create x", sleep=lambda s: None)
+        call(
+            lambda: (_ for _ in ()).throw(api_error(422, "TrainJob is invalid", [{"field": "spec.foo", "message": "unknown field"}])),
+            what="create x",
+            sleep=lambda s: None,
+        )
 
 
 def test_forbidden_points_at_the_rbac_manifest():
@@ -58,8 +60,15 @@ def test_forbidden_points_at_the_rbac_manifest():
 
 @pytest.mark.parametrize(
     "raised",
-    [api_error(500), api_error(503), api_error(429), urllib3.exceptions.ProtocolError("reset"),
-     urllib3.exceptions.MaxRetryError(None, "/", "refused"), ConnectionRefusedError(), TimeoutError()],
+    [
+        api_error(500),
+        api_error(503),
+        api_error(429),
+        urllib3.exceptions.ProtocolError("reset"),
+        urllib3.exceptions.MaxRetryError(None, "/", "refused"),
+        ConnectionRefusedError(),
+        TimeoutError(),
+    ],
 )
 def test_transient_errors_are_retried_then_infra_error(raised):
     sleeps = []
@@ -121,6 +130,8 @@ def test_trainjob_status_classification():
     assert trainjob_status(obj(suspend=True)).phase is Phase.SUSPENDED
     done = trainjob_status(obj([{"type": "Complete", "status": "True", "reason": "AllJobsCompleted"}]))
     assert (done.phase, done.reason) == (Phase.SUCCEEDED, "AllJobsCompleted")
-    failed = trainjob_status(obj([{"type": "Suspended", "status": "False"}, {"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]))
+    failed = trainjob_status(
+        obj([{"type": "Suspended", "status": "False"}, {"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}])
+    )
     assert (failed.phase, failed.reason) == (Phase.FAILED, "DeadlineExceeded")
     assert trainjob_status(obj([{"type": "Suspended", "status": "True", "reason": "Suspended"}])).phase is Phase.SUSPENDED

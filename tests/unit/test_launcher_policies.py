@@ -14,7 +14,7 @@ import pytest
 
 from kfp_trainer.backends.base import Blocker, JobRef, JobStatus, LogLine, Phase, RuntimeInfo, Submission
 from kfp_trainer.errors import CancelledError, CannotStartError, JobFailedError, TimeLimitError
-from kfp_trainer.launcher import LaunchOptions, Launcher
+from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.spec import TrainJobInputs
 
 INPUTS = TrainJobInputs(run_id="run-1", task_name="train", namespace="ns")
@@ -83,8 +83,11 @@ def launch(backend, clock, **options):
 
 def test_success_collects_metrics_and_keeps_the_job_by_default():
     clock = FakeClock()
-    backend = ScriptedBackend([JobStatus(Phase.PENDING), JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED, "AllJobsCompleted")],
-                              clock, lines=['{"step": 1, "loss": 2.0}', '{"step": 2, "loss": 1.0}'])
+    backend = ScriptedBackend(
+        [JobStatus(Phase.PENDING), JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED, "AllJobsCompleted")],
+        clock,
+        lines=['{"step": 1, "loss": 2.0}', '{"step": 2, "loss": 1.0}'],
+    )
     launcher, out = launch(backend, clock)
     outcome = launcher.run(INPUTS)
     assert outcome.succeeded and outcome.reason == "AllJobsCompleted"
@@ -131,8 +134,7 @@ def test_run_timeout_counts_from_start():
 
 def test_persistent_blocker_fails_within_its_grace():
     clock = FakeClock()
-    backend = ScriptedBackend([JobStatus(Phase.PENDING)] + [5] * 30, clock,
-                              blockers=[Blocker("Unschedulable", "0/1 nodes available")])
+    backend = ScriptedBackend([JobStatus(Phase.PENDING)] + [5] * 30, clock, blockers=[Blocker("Unschedulable", "0/1 nodes available")])
     launcher, out = launch(backend, clock, blocker_grace=30)
     with pytest.raises(CannotStartError, match="Unschedulable: 0/1 nodes available") as info:
         launcher.run(INPUTS)
@@ -143,8 +145,9 @@ def test_persistent_blocker_fails_within_its_grace():
 
 def test_fatal_blocker_uses_the_short_grace():
     clock = FakeClock()
-    backend = ScriptedBackend([JobStatus(Phase.PENDING)] + [5] * 30, clock,
-                              blockers=[Blocker("TrainJobResourcesCreationFailed", "runtime missing", fatal=True)])
+    backend = ScriptedBackend(
+        [JobStatus(Phase.PENDING)] + [5] * 30, clock, blockers=[Blocker("TrainJobResourcesCreationFailed", "runtime missing", fatal=True)]
+    )
     launcher, _ = launch(backend, clock, fatal_blocker_grace=10)
     with pytest.raises(CannotStartError, match="TrainJobResourcesCreationFailed"):
         launcher.run(INPUTS)
@@ -153,8 +156,9 @@ def test_fatal_blocker_uses_the_short_grace():
 
 def test_suspended_job_waits_and_counts_toward_the_start_limit():
     clock = FakeClock()
-    backend = ScriptedBackend([JobStatus(Phase.SUSPENDED, "Suspended", "queued")] + [10] * 3 + [JobStatus(Phase.RUNNING),
-                              JobStatus(Phase.SUCCEEDED)], clock)
+    backend = ScriptedBackend(
+        [JobStatus(Phase.SUSPENDED, "Suspended", "queued")] + [10] * 3 + [JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED)], clock
+    )
     launcher, out = launch(backend, clock, start_timeout=100)
     assert launcher.run(INPUTS).succeeded
     assert "suspended" in out.getvalue()
@@ -162,8 +166,7 @@ def test_suspended_job_waits_and_counts_toward_the_start_limit():
 
 def test_sigterm_deletes_the_job_and_raises_cancelled():
     clock = FakeClock()
-    backend = ScriptedBackend([JobStatus(Phase.RUNNING)] + [0] * 100000, clock,
-                              on_watch=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    backend = ScriptedBackend([JobStatus(Phase.RUNNING)] + [0] * 100000, clock, on_watch=lambda: os.kill(os.getpid(), signal.SIGTERM))
     launcher, _ = launch(backend, clock)
     with pytest.raises(CancelledError, match="SIGTERM"):
         launcher.run(INPUTS)

@@ -119,8 +119,13 @@ def test_v21_accepts_auto_proc_per_node_but_v22_does_not():
 
 
 def test_pod_targets_follow_the_runtime_jobs():
-    inputs = TrainJobInputs(run_id="r", task_name="t", node_selector={"a": "b"}, pod_targets=["dataset-initializer"],
-                            volume_mounts=[{"name": "initializer", "mountPath": "/workspace"}])
+    inputs = TrainJobInputs(
+        run_id="r",
+        task_name="t",
+        node_selector={"a": "b"},
+        pod_targets=["dataset-initializer"],
+        volume_mounts=[{"name": "initializer", "mountPath": "/workspace"}],
+    )
     m = render(inputs, runtime_jobs=["dataset-initializer", "model-initializer", "node"])
     jobs = [rj["name"] for rj in m["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]]
     assert jobs == ["node", "dataset-initializer"]

@@ -28,7 +28,12 @@ BAD = [
     ({"num_proc_per_node": "many"}, "v2.1", "num_proc_per_node", "auto, cpu, gpu"),
     ({"resources_per_node": {"limits": {"cpu": "2 cores"}}}, "v2.2", "resources_per_node.limits['cpu']", "Kubernetes quantity"),
     ({"resources_per_node": {"limits": {"memory": "-1Gi"}}}, "v2.2", "resources_per_node.limits['memory']", "quantity >= 0"),
-    ({"resources_per_node": {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}}, "v2.2", "resources_per_node.requests['cpu']", "at most the limit"),
+    (
+        {"resources_per_node": {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}},
+        "v2.2",
+        "resources_per_node.requests['cpu']",
+        "at most the limit",
+    ),
     ({"resources_per_node": {"limit": {"cpu": "2"}}}, "v2.2", "resources_per_node", "limits and/or requests"),
     ({"env": {"PET_NNODES": "2"}}, "v2.2", "env[0].name", "not starting with PET_"),
     ({"env": {"DMLC_ROLE": "worker"}}, "v2.2", "env[0].name", "DMLC_"),
@@ -107,9 +112,33 @@ def test_type_errors_and_unknown_inputs_are_validation_errors():
 def test_patch_cannot_smuggle_reserved_env_or_node_env():
     with pytest.raises(InvalidSpecErrors, match="patch.spec.trainer.env"):
         build_trainjob(**OK, patch={"spec": {"trainer": {"env": [{"name": "PET_NNODES", "value": "9"}]}}})
-    node_env = {"spec": {"runtimePatches": [{"manager": "x", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-        {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [{"name": "node", "env": [{"name": "A", "value": "1"}]}]}}}}}
-    ]}}}}]}}
+    node_env = {
+        "spec": {
+            "runtimePatches": [
+                {
+                    "manager": "x",
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {
+                                        "name": "node",
+                                        "template": {
+                                            "spec": {
+                                                "template": {
+                                                    "spec": {"containers": [{"name": "node", "env": [{"name": "A", "value": "1"}]}]}
+                                                }
+                                            }
+                                        },
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                }
+            ]
+        }
+    }
     with pytest.raises(InvalidSpecErrors, match="no env patch on the node"):
         build_trainjob(**OK, patch=node_env)
     with pytest.raises(InvalidSpecErrors, match="patch.metadata.name"):

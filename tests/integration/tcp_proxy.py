@@ -1,0 +1,75 @@
+"""A loopback TCP proxy whose connections a test can cut, to force watch/log disconnects."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to a target; :meth:`sever` drops every open connection."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.connections: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.severed = 0
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self.lock:
+                self.connections += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def sever(self) -> int:
+        """Reset every open connection (as a network blip would); returns how many."""
+        with self.lock:
+            conns, self.connections = self.connections, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+        self.severed += len(conns) // 2
+        return len(conns) // 2
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()
+        self.sever()
