@@ -109,7 +109,7 @@ class NodeLogFollower:
         sink: LogSink,
         stop: threading.Event,
         source: str,
-        poll: float = 2.0,
+        poll: float = 1.0,
         policy: RetryPolicy = RetryPolicy(),
         sleep: Callable[[float], None] | None = None,
     ) -> None:
@@ -128,10 +128,10 @@ class NodeLogFollower:
         self.poll = poll
         self.policy = policy
         self.sleep = sleep or stop.wait
-        self.cursors: dict[tuple[str, int], _Cursor] = {}
+        self.cursors: dict[str, _Cursor] = {}  # by pod uid
         self.lines = 0
         self._response: Any = None
-        self._current: tuple[str, _Cursor] | None = None  # (pod, cursor) last followed
+        self._streamed: tuple[str, int] | None = None  # (pod uid, restartCount) last followed
 
     def interrupt(self) -> None:
         """Unblock a read in progress (called from another thread once ``stop`` is set)."""
@@ -200,49 +200,57 @@ class NodeLogFollower:
         """Follow until the node's pod finishes or ``stop`` is set, then catch up. Never raises."""
         try:
             self._run()
-            if self._current is not None:
-                pod, cursor = self._current
-                self._safe_read(pod, cursor, follow=False)
+            self._catch_up()
         except KfpTrainerError as e:
             log.warning("%s: log streaming stopped: %s", self.source, e)
         except Exception as e:  # a log follower must never take the launcher down
             log.warning("%s: log streaming stopped: %s: %s", self.source, type(e).__name__, e)
 
+    def _instance(self, pod: dict[str, Any]) -> tuple[str, str, int]:
+        return pod["metadata"]["uid"], pod["metadata"]["name"], int(_container_status(pod).get("restartCount") or 0)
+
     def _run(self) -> None:
-        streamed: tuple[str, int] | None = None  # (pod uid, restartCount) last followed
         while not self.stop.is_set():
             pod = self._pod()
             if pod is None or not _started(pod):
-                if streamed is not None and pod is not None and _finished(pod):
-                    return
                 self.sleep(self.poll)
                 continue
-            uid = pod["metadata"]["uid"]
-            name = pod["metadata"]["name"]
-            restarts = int(_container_status(pod).get("restartCount") or 0)
-            instance = (uid, restarts)
-            if streamed is not None and streamed[0] == uid and restarts > streamed[1]:
-                # The container restarted since we last read: catch up on its previous log.
-                self._safe_read(name, self.cursors[streamed], previous=True)
-            if instance == streamed and _finished(pod):
-                return  # run() catches up from the cursor
-            cursor = self.cursors.setdefault(instance, _Cursor())
-            self._current = (name, cursor)
+            uid, name, restarts = self._instance(pod)
+            # One cursor per pod: log timestamps only grow across a container's restarts.
+            cursor = self.cursors.setdefault(uid, _Cursor())
+            if self._streamed is not None and self._streamed[0] == uid and restarts > self._streamed[1]:
+                # The container restarted since we last read: catch up on its previous log first.
+                self._safe_read(name, cursor, previous=True)
+            if self._streamed == (uid, restarts) and _finished(pod):
+                return
             self._safe_read(name, cursor, follow=True)
-            streamed = instance
+            self._streamed = (uid, restarts)
             pod = self._pod()
             if pod is not None and pod["metadata"]["uid"] == uid and _finished(pod):
-                return  # run() catches up from the cursor
+                return
 
-    def _safe_read(self, pod: str, cursor: _Cursor, *, follow: bool = False, previous: bool = False) -> None:
+    def _catch_up(self) -> None:
+        """One last non-following read of whatever the streams have not shown yet."""
+        pod = self._pod()
+        if pod is None or not _started(pod):
+            return
+        uid, name, restarts = self._instance(pod)
+        cursor = self.cursors.setdefault(uid, _Cursor())
+        followed = self._streamed[1] if self._streamed is not None and self._streamed[0] == uid else None
+        if restarts > 0 and (followed is None or restarts > followed):
+            self._safe_read(name, cursor, previous=True, final=True)
+        self._safe_read(name, cursor, final=True)
+
+    def _safe_read(self, pod: str, cursor: _Cursor, *, follow: bool = False, previous: bool = False, final: bool = False) -> None:
         try:
             self._read(pod, cursor, follow=follow, previous=previous)
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
-            if self.stop.is_set():
+            if self.stop.is_set() and not final:
                 return
             log.info("%s: log stream of %s interrupted (%s); resuming", self.source, pod, e)
             self.sleep(self.poll)
         except KfpTrainerError as e:
             # 400 "container ... is waiting to start" and the like: try again shortly.
             log.info("%s: %s", self.source, e)
-            self.sleep(self.poll)
+            if not final:
+                self.sleep(self.poll)

@@ -134,8 +134,8 @@ def test_stored_trainjob_equals_the_rendered_manifest(api_client, namespace, tra
         stored = get_trainjob(api_client, namespace, submission.ref.name)
         assert stored["metadata"]["labels"] == manifest["metadata"]["labels"]
         assert stored["metadata"]["annotations"] == manifest["metadata"]["annotations"]
-        # The only difference: the CRD's default for suspend.
-        assert stored["spec"] == {**manifest["spec"], "suspend": False}
+        # The only differences: the CRD's defaults.
+        assert stored["spec"] == {**manifest["spec"], "suspend": False, "managedBy": "trainer.kubeflow.org/trainjob-controller"}
     finally:
         backend.delete(submission.ref)
 
@@ -264,7 +264,7 @@ def test_all_nodes_logs_are_prefixed(api_client, namespace, trainer_sim):
 
 def test_logs_survive_container_restarts_without_loss_or_repeats(api_client, namespace, trainer_sim):
     lines = [f"line {i}" for i in range(6)]
-    outcome, out = launch(api_client, inputs(namespace), trainer_sim, Script.restarting(lines, restarts=[2, 4], line_delay=0.05))
+    outcome, out = launch(api_client, inputs(namespace), trainer_sim, Script.restarting(lines, restarts=[2, 4], line_delay=0.8, restart_delay=1.0))
     assert outcome.succeeded
     body = [line for line in out.splitlines() if line.startswith("line ")]
     assert body == lines[:2] + lines[:4] + lines
@@ -398,7 +398,9 @@ def test_unschedulable_pods_are_reported_after_the_blocker_grace(api_client, nam
 
 
 def test_slow_scheduling_within_the_grace_still_succeeds(api_client, namespace, trainer_sim):
-    outcome, out = launch(api_client, inputs(namespace), trainer_sim, Script.slow_scheduling(4, lines=["ok"]), blocker_grace=60)
+    backend = backend_for(api_client, namespace, watch_timeout=1)
+    script = Script.slow_scheduling(5, lines=["ok"])
+    outcome, out = launch(api_client, inputs(namespace), trainer_sim, script, backend=backend, blocker_grace=60)
     assert outcome.succeeded and "not starting yet: Unschedulable" in out
 
 
