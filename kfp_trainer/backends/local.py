@@ -161,6 +161,7 @@ class _Job:
         self.dir = directory
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.cancelled = threading.Event()
+        self.changed = threading.Event()  # set on every status change, for watchers in this process
         self.thread: threading.Thread | None = None
 
 
@@ -302,6 +303,9 @@ class LocalBackend:
     def _set_status(self, directory: Path, obj: dict[str, Any], **status: Any) -> None:
         obj["status"].update(status)
         _write_json(directory / "trainjob.json", obj)
+        job = self.jobs.get(obj["metadata"]["name"])
+        if job is not None:
+            job.changed.set()
 
     def _finish(self, directory: Path, obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
         condition = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": _now()}
@@ -401,7 +405,7 @@ class LocalBackend:
         return codes
 
     def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
-        """Status changes read from the job's state file; ``None`` every second as heartbeat."""
+        """Status changes read from the job's state file; ``None`` about every second as heartbeat."""
         path = self.job_dir(ref) / "trainjob.json"
         last: tuple[Any, ...] | None = None
         while True:
@@ -417,7 +421,12 @@ class LocalBackend:
                     return
             else:
                 yield None
-            time.sleep(0.25 if status.phase is Phase.PENDING else 1.0)
+            job = self.jobs.get(ref.name)
+            if job is not None:  # started by this process: wake up on each change
+                job.changed.wait(1.0)
+                job.changed.clear()
+            else:  # adopted from another process: its state file is all there is
+                time.sleep(0.5)
 
     def blockers(self, ref: JobRef) -> list[Blocker]:
         """Nothing blocks a local job from starting once submit accepted it."""
