@@ -19,6 +19,11 @@ demo: setup
 
 lint: setup
 	$(PY) -m ruff check .
+	$(VENV)/bin/kfp-trainer compile --check
+
+# Regenerates components/*/component.yaml + README.md and pipelines/*/pipeline.yaml.
+compile: setup
+	$(VENV)/bin/kfp-trainer compile
 
 # Builds the test control plane from Go modules (cached outside the repo after the first time).
 cluster-build:

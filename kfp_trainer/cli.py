@@ -3,9 +3,12 @@
     kfp-trainer render --runtime torch-distributed --num-nodes 2 --run-id r1 --task-name train
     kfp-trainer launch --runtime torch-distributed --image my/trainer:1 --command python,train.py
     kfp-trainer run pipelines/llm_finetune --local
+    kfp-trainer compile [--check]
 
 ``render`` prints the TrainJob as YAML (a dry run to ``kubectl apply``); ``launch`` runs one
-TrainJob to its end on the current cluster (or locally with ``--local``).
+TrainJob to its end on the current cluster (or locally with ``--local``); ``run`` runs a whole
+pipeline with ``kfp.local``; ``compile`` regenerates the component and pipeline YAML and READMEs
+(``--check`` fails when they are stale).
 """
 
 from __future__ import annotations
@@ -154,8 +157,8 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     return 0
 
 
-def load_pipeline(target: str) -> Any:
-    """The pipeline object defined in ``target`` (a ``pipeline.py`` or the folder holding one)."""
+def load_pipeline(target: str) -> tuple[Any, Any]:
+    """The pipeline defined in ``target`` (a ``pipeline.py`` or the folder holding one), and its module."""
     import importlib.util
     from pathlib import Path
 
@@ -173,8 +176,26 @@ def load_pipeline(target: str) -> Any:
     pipelines = [v for v in vars(module).values() if isinstance(v, GraphComponent)]
     named = [p for p in pipelines if getattr(module, "PIPELINE", None) is p]
     if named or len(pipelines) == 1:
-        return (named or pipelines)[0]
+        return (named or pipelines)[0], module
     raise SystemExit(f"error: {path} defines {len(pipelines)} pipelines; name the one to run PIPELINE")
+
+
+def _typed(text: str, kind: str, name: str) -> Any:
+    """A --param value as the type the pipeline declares (KFP rejects an int for a float)."""
+    try:
+        if kind == "String":
+            return text
+        if kind == "Integer":
+            return int(text)
+        if kind == "Float":
+            return float(text)
+        if kind == "Boolean":
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1", "yes")
+    except ValueError:
+        raise SystemExit(f"--param {name}={text!r}: expected a {kind.lower()}") from None
+    return _json_value(text)
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -186,13 +207,16 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     if not ns.local:
         raise SystemExit("error: only --local runs are supported here; upload the compiled YAML to KFP for cluster runs")
-    pipeline = load_pipeline(ns.pipeline)
+    pipeline, module = load_pipeline(ns.pipeline)
+    declared = {name: getattr(spec, "type", "") for name, spec in (pipeline.component_spec.inputs or {}).items()}
     params = {}
     for item in ns.param or []:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--param {item!r}: expected name=value")
-        params[key] = _json_value(value)
+        if key not in declared:
+            raise SystemExit(f"--param {key}: the pipeline has no such parameter; it has {', '.join(sorted(declared))}")
+        params[key] = _typed(value, declared[key], key)
     import kfp.local
 
     out = Path(ns.output or Path("out") / f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -206,32 +230,55 @@ def cmd_run(ns: argparse.Namespace) -> int:
     print(f"[kfp-trainer] running pipeline {pipeline.name} locally; outputs in {out}", flush=True)
     pipeline(**params)
     print(f"[kfp-trainer] pipeline {pipeline.name} finished in {time.monotonic() - started:.0f}s", flush=True)
-    print(summarize_outputs(out / "artifacts"))
+    print(summarize_outputs(out / "artifacts", getattr(module, "TASK_LABELS", None)))
+    compare = getattr(module, "COMPARE", None)
+    if compare:
+        print(before_after(out / "artifacts", **compare))
     return 0
 
 
-def summarize_outputs(root: Any) -> str:
-    """A readable list of the run's metrics, models and reports under ``root``."""
+def summarize_outputs(root: Any, labels: dict[str, str] | None = None) -> str:
+    """What a local run produced, per task: metrics, verdicts, models, reports.
+
+    Reads each task's ``executor_output.json`` under ``root`` (the kfp.local pipeline root);
+    ``labels`` names tasks for people (e.g. ``{"evaluate-model": "base model"}``).
+    """
     from pathlib import Path
 
-    lines = [f"Outputs under {root}:"]
-    for path in sorted(Path(root).rglob("*")):
-        if not path.is_file() or path.name == "executor_output.json":
-            continue
-        task = path.relative_to(root).parts[1] if len(path.relative_to(root).parts) > 2 else ""
-        if path.suffix == ".json" or "metrics" in path.name:
-            try:
-                data = json.loads(path.read_text())
-            except ValueError:
-                continue
-            if isinstance(data, dict) and data and all(isinstance(v, (int, float)) for v in data.values()):
-                shown = ", ".join(f"{k}={v:.4g}" for k, v in data.items())
-                lines.append(f"  metrics  {task}: {shown}")
-        elif path.suffix == ".html":
-            lines.append(f"  report   {task}: {path}")
-    models = sorted({p.parent for p in Path(root).rglob("config.json")})
-    lines += [f"  model    {m}" for m in models]
-    return "\n".join(lines)
+    labels = labels or {}
+    lines = []
+    outputs = sorted(Path(root).glob("*/*/executor_output.json"), key=lambda p: p.stat().st_mtime)
+    for path in outputs:
+        task = path.parent.name
+        shown = f"{task} ({labels[task]})" if task in labels else task
+        data = json.loads(path.read_text())
+        for name, value in (data.get("parameterValues") or {}).items():
+            lines.append(f"  {shown:<40} {name} = {value}")
+        for name, group in (data.get("artifacts") or {}).items():
+            for artifact in group.get("artifacts") or []:
+                metadata = artifact.get("metadata") or {}
+                if name == "metrics" or "metrics" in name:
+                    numbers = ", ".join(f"{k}={v:.4g}" for k, v in metadata.items() if isinstance(v, (int, float)))
+                    lines.append(f"  {shown:<40} {name}: {numbers}")
+                elif Path(artifact.get("uri", "")).exists():
+                    lines.append(f"  {shown:<40} {name}: {artifact['uri']}")
+    return "Outputs:\n" + "\n".join(lines) if lines else f"No task outputs under {root}"
+
+
+def before_after(root: Any, *, metric: str, before: str, after: str) -> str:
+    """One line comparing ``metric`` of two tasks' Metrics outputs (e.g. base vs fine-tuned)."""
+    from pathlib import Path
+
+    values = {}
+    for task in (before, after):
+        for path in Path(root).glob(f"*/{task}/executor_output.json"):
+            for group in (json.loads(path.read_text()).get("artifacts") or {}).values():
+                for artifact in group.get("artifacts") or []:
+                    if metric in (artifact.get("metadata") or {}):
+                        values[task] = artifact["metadata"][metric]
+    if len(values) < 2:
+        return f"{metric}: not found in the outputs of {before} and {after}"
+    return f"{metric}: {before} {values[before]:.3f} -> {after} {values[after]:.3f} ({values[after] - values[before]:+.3f})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,8 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kfp-trainer`` console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["compile"]:  # the generator has its own flags
+        from .compile import main as compile_main
+
+        return compile_main(args[1:])
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args(args)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(ns.func(ns) or 0)

@@ -114,7 +114,8 @@ def svg_chart(name: str, points: Iterable[Mapping[str, Any]], *, width: int = 36
     w, h = width - left - right, height - top - bottom
     title = f'<text x="{left}" y="13" style="font-size:12px;fill:#202124;font-weight:600">{_esc(name, 80)}</text>'
     if not xy:
-        return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{title}<text x="{left}" y="{top + 20}">no values</text></svg>'
+        empty = f'<text x="{left}" y="{top + 20}">no values</text>'
+        return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{title}{empty}</svg>'
     xs, ys = [p[0] for p in xy], [p[1] for p in xy]
     x0, x1 = min(xs), max(xs)
     y0, y1 = min(ys), max(ys)
@@ -151,14 +152,15 @@ def svg_chart(name: str, points: Iterable[Mapping[str, Any]], *, width: int = 36
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[bool] | None = None) -> str:
     numeric = numeric or [False] * len(headers)
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers) if any(headers) else ""
     body = []
     for row in rows:
         cells = "".join(
             f'<td class="n">{_fmt(v)}</td>' if numeric[i] else f"<td>{_esc(v)}</td>" for i, v in enumerate(row)
         )
         body.append(f"<tr>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    head_row = f"<tr>{head}</tr>" if head else ""
+    return f"<table>{head_row}{''.join(body)}</table>"
 
 
 def _summary_rows(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -200,6 +202,14 @@ def _jobs_status(status: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     return rows
 
 
+def _is_curve(points: Any) -> bool:
+    """A series worth a chart: several values, or values logged at a training step or epoch."""
+    if not isinstance(points, Sequence) or not points:
+        return False
+    positioned = any(isinstance(p, Mapping) and (p.get("step") is not None or p.get("epoch") is not None) for p in points)
+    return len(points) >= 2 or positioned
+
+
 def render_html(data: Mapping[str, Any]) -> str:
     """Render the run report as one self-contained HTML page.
 
@@ -223,16 +233,13 @@ def render_html(data: Mapping[str, Any]) -> str:
     ]
     metrics: Mapping[str, Any] = data.get("metrics") or {}
     parts.append("<h2>Metrics</h2>")
-    if metrics:
-        charts = [
-            f"<div class='chart'>{svg_chart(name, points)}</div>"
-            for name, points in list(metrics.items())[:MAX_CHARTS]
-            if isinstance(points, Sequence)
-        ]
+    curves = [(n, p) for n, p in metrics.items() if _is_curve(p)]  # one-off values (no position): table only
+    if curves:
+        charts = [f"<div class='chart'>{svg_chart(name, points)}</div>" for name, points in curves[:MAX_CHARTS]]
         parts.append(f"<div class='charts'>{''.join(charts)}</div>")
-        if len(metrics) > MAX_CHARTS:
-            parts.append(f"<p class='muted'>{len(metrics) - MAX_CHARTS} more metric(s) in the table only.</p>")
-    else:
+        if len(curves) > MAX_CHARTS:
+            parts.append(f"<p class='muted'>{len(curves) - MAX_CHARTS} more metric(s) in the table only.</p>")
+    elif not metrics:
         parts.append("<p class='muted'>The trainer printed no metrics.</p>")
     rows = _final_best(data)
     if rows:

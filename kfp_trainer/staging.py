@@ -141,7 +141,9 @@ def plan_paths(
     for name in ("dataset", "model"):
         if name in used and not artifacts.get(name):
             raise ValidationError(
-                f"{{{name}}}", "not connected", f"the {name} input connected (e.g. {name}=<task>.outputs[...]) when command/args/env use {{{name}}}"
+                f"{{{name}}}",
+                "not connected",
+                f"the {name} input connected (e.g. {name}=<task>.outputs[...]) when command/args/env use {{{name}}}",
             )
     plan = PathPlan(values={}, used=used)
     if local:

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -105,6 +106,41 @@ def copy_dir(src: str | Path, dst: str | Path) -> None:
         shutil.copy2(source, target / source.name)
 
 
+def stage(src: str | Path, dst: str | Path) -> bool:
+    """Copy an input artifact to the shared volume once; ``False`` when an earlier try already did.
+
+    A retried launcher may adopt a TrainJob that is still reading the staged files, so a
+    completed copy (marked by ``<dst>.staged``) is never replaced; an interrupted one is.
+    """
+    target = Path(dst)
+    marker = target.with_name(target.name + ".staged")
+    if marker.exists() and target.exists():
+        return False
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    copy_dir(src, partial)
+    if target.exists():
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    partial.rename(target)
+    marker.write_text(str(src))
+    return True
+
+
+def shared_dir(path: str | Path) -> Path:
+    """Create ``path`` (and its parent) writable by every user.
+
+    The trainer's pods may run as another user than this step, and must be able to write
+    the model into a directory this step created on the shared volume.
+    """
+    target = Path(path)
+    target.mkdir(parents=True, exist_ok=True)
+    for p in (target.parent, target):
+        try:
+            p.chmod(0o777)
+        except OSError:  # not ours to change (e.g. a pre-existing directory): the trainer may still write
+            pass
+    return target
+
+
 def dir_stats(path: str | Path) -> tuple[int, int]:
     """(number of files, total bytes) under ``path``."""
     root = Path(path)
@@ -176,6 +212,42 @@ def _shared_copy(artifact: Any, shared_root: str | None) -> str | None:
     return None
 
 
+_NOT_A_SCORE = re.compile(r"(learning_rate|^lr$|runtime|per_second|grad_norm|epoch|steps?$)")
+_INTEGRAL = re.compile(r"^[+-]?\d+\.0+$")
+
+
+def normalize_values(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Command, args and env values as strings, integral numbers without ``.0``.
+
+    KFP hands pipeline parameters placed inside a list or dict input over as JSON numbers
+    (``5.0`` for an ``int`` 5, sometimes already as the string ``"5.0"``), which an
+    ``int`` command-line option rejects.
+
+    Example:
+        >>> normalize_values({"args": ["--steps", 5.0, "--lr", "0.5", "--n", "3.0"], "env": {"N": 2}})
+        {'args': ['--steps', '5', '--lr', '0.5', '--n', '3'], 'env': {'N': '2'}}
+    """
+
+    def norm(value: Any) -> Any:
+        if isinstance(value, bool):
+            return str(value).lower()
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        if isinstance(value, (int, float)):
+            return str(value)
+        if isinstance(value, str) and _INTEGRAL.match(value):
+            return value.split(".")[0]
+        return value
+
+    out = dict(inputs)
+    for key in ("command", "args"):
+        if isinstance(out.get(key), list):
+            out[key] = [norm(v) for v in out[key]]
+    if isinstance(out.get("env"), dict):
+        out["env"] = {k: norm(v) for k, v in out["env"].items()}
+    return out
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -221,13 +293,13 @@ def run_train_job(
         The launcher's ``Outcome``.
     """
     from .backends import select_backend
-    from .launcher import LaunchOptions, Launcher
+    from .launcher import Launcher, LaunchOptions
     from .report import outcome_data, render_html
     from .spec import TrainJobInputs, validate
     from .staging import choose_shared_root, plan_paths
     from .taskconfig import merge_task_config
 
-    given = {k: v for k, v in inputs.items() if v is not None}
+    given = normalize_values({k: v for k, v in inputs.items() if v is not None})
     output_uri = str(getattr(output_model, "uri", "") or "")
     run_id, task_name, pipeline_name = resolve_identity(
         given.get("run_id", ""), given.get("task_name", ""), given.get("pipeline_name", ""), output_uri=output_uri
@@ -258,10 +330,12 @@ def run_train_job(
     validate(parsed, api_version=None, local=local)  # every input problem before any copy or API call
 
     for src, dst in plan.stage_in:
-        log(f"staging {src} -> {dst} (shared with the TrainJob's pods)")
-        copy_dir(src, dst)
+        if stage(src, dst):
+            log(f"staged {src} -> {dst} (shared with the TrainJob's pods)")
+        else:
+            log(f"{dst} was staged by an earlier try; using it")
     if plan.stage_out:
-        Path(plan.stage_out[0]).mkdir(parents=True, exist_ok=True)
+        shared_dir(plan.stage_out[0])
     Path(output_model.path).mkdir(parents=True, exist_ok=True)
 
     def submitted(ref: Any) -> None:
@@ -304,7 +378,7 @@ def run_train_job(
         if _finite(value):
             metrics.log_metric(name, float(value))
     for name, value in sorted(best.items()):
-        if _finite(value) and value != final.get(name):
+        if _finite(value) and value != final.get(name) and not _NOT_A_SCORE.search(name):
             metrics.log_metric(f"best_{name}", float(value))
     data = outcome_data(outcome, backend="local" if local else "kubernetes", extra={
         "output model": f"{output_model.metadata.get('weights')} weights, {output_model.metadata.get('format')}, {files} files",
@@ -397,3 +471,82 @@ def read_metrics_artifact(artifact: Any) -> dict[str, float]:
         if isinstance(data, dict):
             return {k: v for k, v in data.items() if _finite(v)}
     return {}
+
+
+def run_lm_eval(model_dir: str, tasks: list[str], limit: int | None) -> dict[str, float]:
+    """Scores from lm-evaluation-harness when it is installed; empty (with a log line) when not."""
+    try:
+        import lm_eval
+    except ImportError:
+        log(f"lm_eval_tasks={tasks} skipped: the lm-eval package is not installed in this image")
+        return {}
+    results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={model_dir}", tasks=list(tasks), limit=limit)
+    scores: dict[str, float] = {}
+    for task, values in (results or {}).get("results", {}).items():
+        for key, value in values.items():
+            if _finite(value):
+                scores[f"lm_eval/{task}/{key.split(',')[0]}"] = float(value)
+    return scores
+
+
+def run_evaluate(
+    *,
+    model: Any,
+    dataset: Any,
+    metrics: Any,
+    split: str = "test",
+    max_examples: int = 0,
+    baseline: Any = None,
+    gate_metric: str = "exact_match",
+    min_improvement: float = 0.0,
+    lm_eval_tasks: list[str] | None = None,
+    evaluate_fn: Callable[..., dict[str, Any]] | None = None,
+) -> tuple[bool, str]:
+    """Evaluate a model on a dataset split, log metrics, and decide the gate verdict.
+
+    Returns:
+        ``(passed, summary)``: whether ``gate_metric`` beats the baseline by at least
+        ``min_improvement`` (lower-is-better metrics count decreases), and why.
+    """
+    if evaluate_fn is None:
+        from .trainers.evaluate import evaluate as evaluate_fn
+    started = time.monotonic()
+    result = evaluate_fn(str(model.path), str(dataset.path), split=split, max_examples=max_examples or None)
+    values = {k: float(v) for k, v in result.items() if _finite(v)}
+    if lm_eval_tasks:
+        values.update(run_lm_eval(str(model.path), list(lm_eval_tasks), max_examples or None))
+    values["eval_seconds"] = round(time.monotonic() - started, 2)
+    for name, value in values.items():
+        metrics.log_metric(name, value)
+    base = read_metrics_artifact(baseline)
+    passed, summary = compare(values, base, gate_metric, float(min_improvement or 0.0))
+    metrics.log_metric("gate_passed", 1.0 if passed else 0.0)
+    log(f"evaluation on {split}: " + ", ".join(f"{k}={v:.6g}" for k, v in values.items()))
+    log(f"gate: {summary}")
+    return passed, summary
+
+
+# --------------------------------------------------------------------------- trainjob_component
+
+# Runs in the TrainJob: writes the function to a file and runs it (under torchrun on torch runtimes).
+BOOTSTRAP = """\
+import base64, json, os, sys, tempfile
+source, function, arguments, launch = base64.b64decode(sys.argv[1]).decode(), sys.argv[2], sys.argv[3], sys.argv[4]
+path = os.path.join(tempfile.mkdtemp(prefix="kfp-trainer-"), "trainjob_function.py")
+with open(path, "w") as f:
+    f.write(source + "\\n\\nif __name__ == '__main__':\\n    import json, sys\\n    " + function + "(**json.loads(sys.argv[1]))\\n")
+if launch == "torchrun" and os.environ.get("PET_NNODES"):
+    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", path, arguments])
+os.execv(sys.executable, [sys.executable, path, arguments])
+"""
+
+
+def function_command(source: str, function: str, arguments: dict[str, Any], *, torchrun: bool) -> list[str]:
+    """The TrainJob command that runs ``function`` from ``source`` with ``arguments``.
+
+    Example:
+        >>> function_command("def f(): pass", "f", {}, torchrun=False)[:2]
+        ['python', '-c']
+    """
+    encoded = base64.b64encode(source.encode()).decode()
+    return ["python", "-c", BOOTSTRAP, encoded, function, json.dumps(arguments, sort_keys=True), "torchrun" if torchrun else "plain"]

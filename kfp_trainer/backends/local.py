@@ -3,7 +3,8 @@
 For one TrainJob manifest it:
 
 1. runs the initializers: ``spec.initializer.dataset/model.storageUri`` (``builtin://``,
-   ``file://``, ``hf://``, ``s3://``) into ``<job>/workspace/dataset`` and ``.../model``;
+   ``file://``, ``hf://``, ``s3://``, see :mod:`kfp_trainer.storage`) into
+   ``<job>/workspace/dataset`` and ``.../model``;
 2. starts ``numNodes`` local "nodes", each the trainer command in its own process group,
    with the environment the Trainer controller injects for torch runtimes (``PET_NNODES``,
    ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR=127.0.0.1``,
@@ -39,8 +40,9 @@ from typing import Any
 
 import yaml
 
-from ..errors import OwnershipError, RuntimeNotFoundError, ValidationError
+from ..errors import OwnershipError, RuntimeNotFoundError, UserError, ValidationError
 from ..spec import LABEL_DIGEST, LABEL_RUN, LABEL_TASK, TrainJobInputs
+from ..storage import fetch, redact
 from .base import Blocker, JobRef, JobStatus, LogLine, LogSink, Phase, RuntimeInfo, Submission, trainjob_status
 
 log = logging.getLogger(__name__)
@@ -90,68 +92,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def materialize(uri: str, dest: Path) -> Path:
-    """Fetch ``uri`` into directory ``dest`` the way the Trainer initializers would.
-
-    Raises:
-        ValidationError: Unsupported scheme, a missing local path, or no network for a hub.
-    """
-    scheme, _, rest = uri.partition("://")
-    dest.mkdir(parents=True, exist_ok=True)
-    if scheme == "builtin":
-        from ..trainers.builtin import materialize as builtin
-
-        try:
-            return builtin(uri, dest)
-        except ValueError as e:
-            raise ValidationError("storage_uri", uri, str(e)) from None
-    if scheme == "file":
-        source = Path(rest if rest.startswith("/") else "/" + rest)
-        if not source.exists():
-            raise ValidationError("storage_uri", uri, f"an existing local path ({source} does not exist)")
-        if source.is_dir():
-            shutil.copytree(source, dest, dirs_exist_ok=True)
-        else:
-            shutil.copy2(source, dest / source.name)
-        return dest
-    if scheme == "hf":
-        try:
-            from huggingface_hub import snapshot_download
-        except ImportError:
-            raise ValidationError("storage_uri", uri, "huggingface_hub installed for hf:// URIs (pip install huggingface_hub)") from None
-        try:
-            snapshot_download(
-                repo_id=rest.strip("/"),
-                local_dir=str(dest),
-                token=os.environ.get("ACCESS_TOKEN") or None,
-                repo_type="dataset" if dest.name == "dataset" else "model",
-            )
-        except Exception as e:
-            raise ValidationError(
-                "storage_uri",
-                uri,
-                f"a reachable Hugging Face Hub ({type(e).__name__}: {str(e)[:200]}); offline, use builtin:// or file:// URIs",
-            ) from None
-        return dest
-    if scheme == "s3":
-        try:
-            import boto3
-        except ImportError:
-            raise ValidationError("storage_uri", uri, "boto3 installed for s3:// URIs (pip install boto3)") from None
-        bucket, _, prefix = rest.partition("/")
-        s3 = boto3.client("s3", endpoint_url=os.environ.get("ENDPOINT") or None)
-        try:
-            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-                for obj in page.get("Contents") or []:
-                    target = dest / os.path.relpath(obj["Key"], prefix or ".")
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    s3.download_file(bucket, obj["Key"], str(target))
-        except Exception as e:
-            raise ValidationError("storage_uri", uri, f"a reachable S3 endpoint ({type(e).__name__}: {str(e)[:200]})") from None
-        return dest
-    raise ValidationError("storage_uri", uri, "builtin://, file://, hf:// or s3://")
 
 
 class _Job:
@@ -311,6 +251,15 @@ class LocalBackend:
         condition = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": _now()}
         self._set_status(directory, obj, conditions=[condition])
 
+    @staticmethod
+    def _initializer_env(manifest: dict[str, Any], kind: str) -> dict[str, str]:
+        """The shell's environment plus the initializer's literal env (secrets come from the shell)."""
+        env = dict(os.environ)
+        for item in ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("env") or []:
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+        return env
+
     def _env(self, manifest: dict[str, Any], workspace: Path, node: int, nodes: int, port: int, torch: bool) -> dict[str, str]:
         env = dict(os.environ)
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
@@ -341,8 +290,8 @@ class LocalBackend:
                 uri = ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("storageUri")
                 if uri and not job.cancelled.is_set():
                     with open(directory / "logs" / f"{kind}-initializer.log", "a") as out:
-                        out.write(f"{_now()} fetching {uri} into {WORKSPACE}/{kind}\n")
-                    materialize(uri, workspace / kind)
+                        out.write(f"{_now()} fetching {redact(uri)} into {WORKSPACE}/{kind}\n")
+                    fetch(uri, workspace / kind, kind=kind, env=self._initializer_env(manifest, kind))
             runtime = self._runtime_doc(manifest)
             torch = "torch" in ((runtime.get("spec") or {}).get("mlPolicy") or {})
             nodes = int(
@@ -380,7 +329,7 @@ class LocalBackend:
                 self._finish(directory, obj, "Failed", "FailedJobs", f"node-{first} exited with code {failed[first]}")
             else:
                 self._finish(directory, obj, "Complete", "AllJobsCompleted", "all nodes exited 0")
-        except ValidationError as e:
+        except UserError as e:
             with open(directory / "logs" / "node-0.log", "a") as out:
                 out.write(f"initializer failed: {e}\n")
             self._finish(directory, obj, "Failed", "InitializerFailed", str(e))

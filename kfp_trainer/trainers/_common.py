@@ -175,6 +175,26 @@ def load_tokenizer(model_dir: str | Path) -> Any:
     return tokenizer
 
 
+def save_tokenizer(tokenizer: Any, dest: str | Path) -> None:
+    """Saves a tokenizer so that older transformers releases load it too.
+
+    Recent transformers releases record generic fast tokenizers under a class
+    name older releases lack; such entries are renamed to
+    ``PreTrainedTokenizerFast``, which every release knows.
+
+    Args:
+        tokenizer: A Hugging Face tokenizer.
+        dest: Directory to save to.
+    """
+    tokenizer.save_pretrained(str(dest))
+    config_path = Path(dest) / "tokenizer_config.json"
+    if config_path.is_file():
+        config = json.loads(config_path.read_text())
+        if config.get("tokenizer_class") == "TokenizersBackend":
+            config["tokenizer_class"] = "PreTrainedTokenizerFast"
+            config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
 def encode_example(tokenizer: Any, prompt: str, completion: str) -> tuple[list[int], int]:
     """Tokenizes a prompt/completion pair for causal LM training.
 

@@ -135,17 +135,11 @@ def build_char_tokenizer() -> object:
     )
 
 
-def _set_tokenizer_class(config_path: Path) -> None:
-    # Name the class that every transformers version knows, so older
-    # releases load the tokenizer too.
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-
-
 def _write_tiny_char_lm(dest: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kfp_trainer.trainers._common import save_tokenizer
 
     tokenizer = build_char_tokenizer()
     config = LlamaConfig(
@@ -168,8 +162,7 @@ def _write_tiny_char_lm(dest: Path) -> None:
     finally:
         torch.random.set_rng_state(state)
     model.save_pretrained(str(dest), safe_serialization=True)
-    tokenizer.save_pretrained(str(dest))  # type: ignore[attr-defined]
-    _set_tokenizer_class(dest / "tokenizer_config.json")
+    save_tokenizer(tokenizer, dest)
 
 
 _REGISTRY: dict[tuple[str, str], _Builtin] = {

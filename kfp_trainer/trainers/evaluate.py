@@ -141,9 +141,7 @@ def evaluate(
                 hit = text.strip() == str(record["completion"]).strip()
                 correct += int(hit)
                 if predictions is not None:
-                    predictions.append(
-                        {"prompt": record["prompt"], "completion": record["completion"], "prediction": text.strip()}
-                    )
+                    predictions.append({"prompt": record["prompt"], "completion": record["completion"], "prediction": text.strip()})
 
     loss = total_loss / max(1, total_tokens)
     try:

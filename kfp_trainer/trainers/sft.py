@@ -1,4 +1,4 @@
-"""Supervised fine-tuning of a Hugging Face causal language model.
+r"""Supervised fine-tuning of a Hugging Face causal language model.
 
 Run one process per device with ``torchrun``, for example::
 
@@ -30,12 +30,14 @@ import argparse
 import json
 import math
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from kfp_trainer.trainers._common import (
+    DistEnv,
     collate,
     dist_env,
     emit,
@@ -43,15 +45,18 @@ from kfp_trainer.trainers._common import (
     find_split,
     load_tokenizer,
     read_jsonl,
+    save_tokenizer,
     threads_per_process,
 )
 
 DEFAULT_MAX_STEPS = 2000
-DEFAULT_LEARNING_RATE = 3e-3
-DEFAULT_BATCH_SIZE = 64
+DEFAULT_LEARNING_RATE = 1e-3
+DEFAULT_BATCH_SIZE = 16
 DEFAULT_WARMUP_STEPS = 50
 DEFAULT_LOGGING_STEPS = 50
 DEFAULT_SEED = 42
+# Ranks agree on the elapsed time (for the time budget) every this many steps.
+TIME_SYNC_STEPS = 10
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,11 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-budget-seconds",
         type=float,
         default=None,
-        help="stop training after this many seconds, whatever the step count; "
-        "the learning rate schedule follows whichever limit is nearer",
+        help="stop training after this many seconds, whatever the step count; the learning rate schedule follows whichever limit is nearer",
     )
     p.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE, help="peak learning rate (default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="examples per process per step (default %(default)s)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help="global examples per optimizer step, split evenly over the processes (default %(default)s)",
+    )
     p.add_argument("--warmup-steps", type=int, default=DEFAULT_WARMUP_STEPS, help="linear warmup steps (default %(default)s)")
     p.add_argument("--min-lr-ratio", type=float, default=0.05, help="final learning rate as a fraction of the peak")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default %(default)s)")
@@ -134,6 +143,28 @@ def _wrap_lora(model: Any, args: argparse.Namespace) -> Any:
     return get_peft_model(model, config)
 
 
+def processes_on_this_host(env: DistEnv) -> int:
+    """Counts the training processes that share this machine.
+
+    Usually ``LOCAL_WORLD_SIZE``, but several single-process "nodes" may run on
+    one machine (local mode), so ranks compare host names when a process group
+    is up.
+
+    Args:
+        env: Placement of this process.
+
+    Returns:
+        The number of ranks on this host, at least ``env.local_world_size``.
+    """
+    import torch.distributed as dist
+
+    if env.world_size <= 1 or not dist.is_initialized():
+        return env.local_world_size
+    hosts: list[Any] = [None] * env.world_size
+    dist.all_gather_object(hosts, socket.gethostname())
+    return max(env.local_world_size, hosts.count(socket.gethostname()))
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Runs the fine-tuning on this process.
 
@@ -152,15 +183,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     hf_logging.disable_progress_bar()
     env = dist_env()
     use_cuda = torch.cuda.is_available()
+    device = torch.device("cuda", env.local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
-        torch.cuda.set_device(env.local_rank)
-        device = torch.device("cuda", env.local_rank)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(args.num_threads or threads_per_process(env.local_world_size))
+        torch.cuda.set_device(device)
     distributed = env.world_size > 1
     if distributed:
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    if not use_cuda:
+        # Share the CPUs among all ranks on this machine (also when several
+        # single-process "nodes" run on it).
+        torch.set_num_threads(args.num_threads or threads_per_process(processes_on_this_host(env)))
 
     def log(message: str) -> None:
         if env.is_main:
@@ -200,7 +232,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     autocast_bf16 = use_cuda and torch.cuda.is_bf16_supported()
 
     per_rank = len(examples) // env.world_size
-    batch_size = max(1, min(args.batch_size, per_rank))
+    if per_rank < 1:
+        raise SystemExit(f"{len(examples)} training records cannot be shared by {env.world_size} processes")
+    batch_size = max(1, min(math.ceil(args.batch_size / env.world_size), per_rank))
     steps_per_epoch = max(1, per_rank // batch_size)
     global_batch = batch_size * env.world_size
     log(
@@ -218,7 +252,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         return (t / env.world_size).tolist()
 
     def synced_elapsed(start: float) -> float:
-        # Every rank must agree on the stop step and the learning rate.
+        # Every rank must agree on the stop step and the learning rate: the
+        # slowest rank's clock counts.
         elapsed = time.perf_counter() - start
         if not distributed:
             return elapsed
@@ -227,6 +262,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         return float(t.item())
 
     budget = args.time_budget_seconds
+    elapsed = 0.0
     step = 0
     loss_sum_total = 0.0
     loss_sum_interval = 0.0
@@ -235,16 +271,22 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     stopped_by = "max_steps"
     start = time.perf_counter()
     epoch = 0
-    while step < args.max_steps:
+    done = False
+    while not done:
+        # Same permutation on every rank; each takes every world_size-th index.
         generator = torch.Generator().manual_seed(args.seed + epoch)
         order = torch.randperm(len(examples), generator=generator).tolist()
         shard = order[env.rank :: env.world_size][: steps_per_epoch * batch_size]
+        epoch += 1
         for batch_start in range(0, len(shard), batch_size):
-            elapsed = synced_elapsed(start)
+            if step % TIME_SYNC_STEPS == 0:
+                elapsed = synced_elapsed(start)
             if step >= args.max_steps:
+                done = True
                 break
             if budget is not None and elapsed >= budget:
                 stopped_by = "time_budget"
+                done = True
                 break
             progress = step / args.max_steps
             if budget is not None and budget > 0:
@@ -281,10 +323,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     )
                 loss_sum_interval = 0.0
                 interval_steps = 0
-        else:
-            epoch += 1
-            continue
-        break
     runtime = time.perf_counter() - start
 
     (train_loss,) = reduce_mean([loss_sum_total / step if step else float("nan")])
@@ -295,6 +333,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "train_samples_per_second": round(step * global_batch / runtime, 2) if runtime > 0 else 0.0,
         "epoch": round(step * global_batch / len(examples), 4),
         "world_size": env.world_size,
+        "batch_size": global_batch,
+        "batch_size_per_process": batch_size,
         "stopped_by": stopped_by,
     }
     if env.is_main:
@@ -321,7 +361,7 @@ def save(model: Any, tokenizer: Any, args: argparse.Namespace, summary: dict[str
     out.mkdir(parents=True, exist_ok=True)
     model.config.use_cache = True
     model.save_pretrained(str(out), safe_serialization=True)
-    tokenizer.save_pretrained(str(out))
+    save_tokenizer(tokenizer, out)
     info = {
         "base_model": str(args.model_dir),
         "dataset": str(args.dataset_dir),
@@ -336,7 +376,8 @@ def save(model: Any, tokenizer: Any, args: argparse.Namespace, summary: dict[str
         "trainable_params": trainable_params,
         "hyperparameters": {
             "learning_rate": args.learning_rate,
-            "batch_size_per_process": args.batch_size,
+            "batch_size": summary["batch_size"],
+            "batch_size_per_process": summary["batch_size_per_process"],
             "max_steps": args.max_steps,
             "time_budget_seconds": args.time_budget_seconds,
             "warmup_steps": args.warmup_steps,

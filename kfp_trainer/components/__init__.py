@@ -1,0 +1,39 @@
+"""KFP components of kfp-trainer: thin definitions over the library.
+
+    from kfp_trainer.components import dataset_initializer, model_initializer, train_job, evaluate_model
+
+Each module here imports only the standard library and ``kfp`` at its top level; what a
+component does at run time lives in :mod:`kfp_trainer.steps`. Compiled YAML of every
+component is in ``components/<name>/component.yaml`` (``kfp-trainer compile``).
+"""
+
+from ._image import BASE_IMAGE, DEFAULT_IMAGE, DEFAULT_TRAINER_IMAGE, TRAINER_IMAGE
+from .evaluate import evaluate_model
+from .function import trainjob_component
+from .initializers import dataset_initializer, model_initializer
+from .loading import load_component_from_file, load_component_from_url
+from .train_job import TASK_CONFIG_PASSTHROUGHS, train_job
+
+# name -> component, in the order the generated files list them
+COMPONENTS = {
+    "train_job": train_job,
+    "dataset_initializer": dataset_initializer,
+    "model_initializer": model_initializer,
+    "evaluate_model": evaluate_model,
+}
+
+__all__ = [
+    "BASE_IMAGE",
+    "COMPONENTS",
+    "DEFAULT_IMAGE",
+    "DEFAULT_TRAINER_IMAGE",
+    "TASK_CONFIG_PASSTHROUGHS",
+    "TRAINER_IMAGE",
+    "dataset_initializer",
+    "evaluate_model",
+    "load_component_from_file",
+    "load_component_from_url",
+    "model_initializer",
+    "train_job",
+    "trainjob_component",
+]

@@ -1,0 +1,47 @@
+"""Load a compiled component YAML without losing its TaskConfig passthroughs.
+
+``kfp.components.load_component_from_file`` (KFP 2.17) drops the component's
+``taskConfigPassthroughs`` when it reads the YAML back, so a pipeline built from the
+loaded ``train_job`` would apply the task's resources to the launcher pod instead of
+passing them to the TrainJob. :func:`load_component_from_file` restores them.
+
+Example:
+    >>> train_job = load_component_from_file("components/train_job/component.yaml")  # doctest: +SKIP
+"""
+
+from typing import Any
+
+import yaml
+from kfp import components, dsl
+
+
+def restore_passthroughs(component: Any, text: str) -> Any:
+    """Set the passthroughs listed in the component YAML ``text`` on the loaded ``component``."""
+    doc = next(iter(yaml.safe_load_all(text)))
+    entries = None
+    for spec in (doc.get("components") or {}).values():
+        if spec.get("taskConfigPassthroughs"):
+            entries = spec["taskConfigPassthroughs"]
+    entries = entries or doc.get("root", {}).get("taskConfigPassthroughs")
+    if entries and not getattr(component.component_spec, "task_config_passthroughs", None):
+        component.component_spec.task_config_passthroughs = [
+            dsl.TaskConfigPassthrough(field=dsl.TaskConfigField[e["field"]], apply_to_task=bool(e.get("applyToTask")))
+            for e in entries
+        ]
+    return component
+
+
+def load_component_from_file(path: str) -> Any:
+    """Like ``kfp.components.load_component_from_file``, keeping TaskConfig passthroughs."""
+    with open(path) as f:
+        text = f.read()
+    return restore_passthroughs(components.load_component_from_text(text), text)
+
+
+def load_component_from_url(url: str) -> Any:
+    """Like ``kfp.components.load_component_from_url``, keeping TaskConfig passthroughs."""
+    import urllib.request
+
+    with urllib.request.urlopen(url) as response:  # noqa: S310 - the caller's URL, as in kfp
+        text = response.read().decode()
+    return restore_passthroughs(components.load_component_from_text(text), text)

@@ -1,0 +1,166 @@
+# ruff: noqa: UP045, D417 - KFP reads Optional[...] (not X | None) and takes output descriptions from Returns.
+"""The ``train_job`` component: run one Kubeflow Trainer TrainJob as a pipeline step.
+
+Only the standard library and ``kfp`` are imported here; the work is done by
+:func:`kfp_trainer.steps.run_train_job` inside the component's container.
+"""
+
+from typing import Optional
+
+from kfp import dsl
+from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output, OutputPath
+
+from ._image import BASE_IMAGE
+
+TASK_CONFIG_PASSTHROUGHS = [
+    dsl.TaskConfigField.RESOURCES,
+    dsl.TaskConfigPassthrough(field=dsl.TaskConfigField.ENV, apply_to_task=True),
+    dsl.TaskConfigField.KUBERNETES_TOLERATIONS,
+    dsl.TaskConfigField.KUBERNETES_NODE_SELECTOR,
+    dsl.TaskConfigField.KUBERNETES_AFFINITY,
+    dsl.TaskConfigPassthrough(field=dsl.TaskConfigField.KUBERNETES_VOLUMES, apply_to_task=True),
+]
+
+
+@dsl.component(base_image=BASE_IMAGE, install_kfp_package=False, task_config_passthroughs=TASK_CONFIG_PASSTHROUGHS)
+def train_job(
+    output_model: Output[Model],
+    metrics: Output[Metrics],
+    report: Output[HTML],
+    trainjob: OutputPath(str),
+    runtime: str = "torch-distributed",
+    runtime_kind: str = "ClusterTrainingRuntime",
+    image: Optional[str] = None,
+    command: Optional[list] = None,
+    args: Optional[list] = None,
+    env: Optional[dict] = None,
+    num_nodes: int = 0,
+    num_proc_per_node: Optional[str] = None,
+    resources_per_node: Optional[dict] = None,
+    dataset: Input[Dataset] = None,
+    model: Input[Model] = None,
+    dataset_uri: Optional[str] = None,
+    dataset_secret: Optional[str] = None,
+    dataset_env: Optional[dict] = None,
+    model_uri: Optional[str] = None,
+    model_secret: Optional[str] = None,
+    model_env: Optional[dict] = None,
+    name: Optional[str] = None,
+    name_prefix: Optional[str] = None,
+    namespace: Optional[str] = None,
+    run_id: str = dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+    task_name: str = dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+    pipeline_name: str = dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+    labels: Optional[dict] = None,
+    annotations: Optional[dict] = None,
+    pod_labels: Optional[dict] = None,
+    pod_annotations: Optional[dict] = None,
+    volumes: Optional[list] = None,
+    volume_mounts: Optional[list] = None,
+    node_selector: Optional[dict] = None,
+    tolerations: Optional[list] = None,
+    affinity: Optional[dict] = None,
+    service_account: Optional[str] = None,
+    image_pull_secrets: Optional[list] = None,
+    pod_targets: Optional[list] = None,
+    active_deadline_seconds: int = 0,
+    suspend: Optional[bool] = None,
+    queue_name: Optional[str] = None,
+    patch: Optional[dict] = None,
+    backend: str = "auto",
+    workspace_path: str = "",
+    start_timeout: float = 3600.0,
+    run_timeout: float = 0.0,
+    logs: str = "0",
+    delete_after_success: bool = False,
+    task_config: dsl.TaskConfig = None,
+):
+    """Runs a Kubeflow Trainer TrainJob to its end and hands on the trained model.
+
+    Submits the TrainJob (or adopts the one an earlier try of this task created), streams
+    the trainer's log into this step's log, and fails the step with the reason, failed
+    pods, events and log tail when the job fails. Cancelling the run or passing a time
+    limit deletes the TrainJob. Resources, env, node selector, tolerations, affinity and
+    volumes set on this task go to the TrainJob's trainer nodes. Command, args and env
+    values may use ``{dataset}``, ``{model}`` (the input artifacts) and ``{output_model}``
+    (where the trainer must save the model). On a cluster these live on a volume shared
+    with the TrainJob: pass ``workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER`` with a
+    pipeline workspace, or mount a PVC on the task. Disable caching on this task
+    (``set_caching_options(False)``): its inputs rarely change between runs.
+
+    Args:
+        runtime: Name of the ClusterTrainingRuntime or TrainingRuntime to use.
+        runtime_kind: ClusterTrainingRuntime or TrainingRuntime (in the job's namespace).
+        image: Trainer image; the runtime's image when unset.
+        command: Trainer command; may use {dataset}, {model} and {output_model}.
+        args: Trainer arguments; may use the same placeholders.
+        env: Trainer environment variables, name to value (secrets: use kfp.kubernetes.use_secret_as_env on the task).
+        num_nodes: Number of trainer nodes; 0 means the runtime's default.
+        num_proc_per_node: Processes per node (an integer; Trainer v2.1 also accepts auto, cpu, gpu).
+        resources_per_node: Resources of each node (limits/requests); the task's resources when unset.
+        dataset: Dataset artifact the trainer reads at {dataset}.
+        model: Model artifact the trainer starts from, at {model}.
+        dataset_uri: Dataset for the runtime's dataset initializer (hf://, s3://; locally also builtin://, file://).
+        dataset_secret: Secret with credentials for the dataset initializer (by name; never values).
+        dataset_env: Extra environment of the dataset initializer.
+        model_uri: Model for the runtime's model initializer (hf://, s3://; locally also builtin://, file://).
+        model_secret: Secret with credentials for the model initializer.
+        model_env: Extra environment of the model initializer.
+        name: Explicit TrainJob name; derived from the run, task and inputs when unset.
+        name_prefix: Prefix of the derived name.
+        namespace: Namespace of the TrainJob; the pipeline's namespace when unset.
+        run_id: KFP run id, for a stable name and lineage labels.
+        task_name: KFP task name, for a stable name and lineage labels.
+        pipeline_name: KFP pipeline run name, for lineage labels.
+        labels: Labels of the TrainJob and its JobSet.
+        annotations: Annotations of the TrainJob's JobSet.
+        pod_labels: Labels of the trainer pods.
+        pod_annotations: Annotations of the trainer pods.
+        volumes: Extra volumes of the trainer pods.
+        volume_mounts: Extra volume mounts of the trainer container.
+        node_selector: Node selector of the trainer pods.
+        tolerations: Tolerations of the trainer pods.
+        affinity: Affinity of the trainer pods.
+        service_account: Service account of the trainer pods.
+        image_pull_secrets: Names of image pull secrets of the trainer pods.
+        pod_targets: More replicated jobs that get the pod settings (e.g. dataset-initializer).
+        active_deadline_seconds: Server-side limit on the job's run time in seconds (Trainer v2.2+); 0 means none.
+        suspend: Create the TrainJob suspended (e.g. for a queue to admit).
+        queue_name: Kueue LocalQueue to submit to.
+        patch: Raw merge patch applied to the rendered TrainJob (expert use).
+        backend: Where to run: auto (the cluster; local under kfp-trainer run --local), kubernetes or local.
+        workspace_path: The pipeline workspace (dsl.WORKSPACE_PATH_PLACEHOLDER) that carries artifacts to and from the TrainJob.
+        start_timeout: Seconds the job may take to start (scheduling, image pulls); 0 means no limit.
+        run_timeout: Seconds the trainer may run once started; 0 means no limit.
+        logs: Trainer node whose log is streamed (0, 1, ...), all, or none.
+        delete_after_success: Delete the TrainJob after it succeeded and its model was copied.
+        task_config: Filled by KFP from the task's settings; do not set.
+
+    Returns:
+        output_model: The trained model ({output_model}), with metadata: base model, weights (full or adapter), format, TrainJob, runtime.
+        metrics: Final values of the metrics the trainer printed, and best_<name> where the best differs.
+        report: HTML report: metric curves, final/best table, timeline, replicated jobs.
+        trainjob: The TrainJob as namespace/name.
+    """
+    from kfp_trainer import steps
+
+    inputs = {
+        "runtime": runtime, "runtime_kind": runtime_kind, "image": image, "command": command, "args": args,
+        "env": env, "num_nodes": num_nodes or None, "num_proc_per_node": num_proc_per_node,
+        "resources_per_node": resources_per_node, "dataset_uri": dataset_uri, "dataset_secret": dataset_secret,
+        "dataset_env": dataset_env, "model_uri": model_uri, "model_secret": model_secret, "model_env": model_env,
+        "name": name, "name_prefix": name_prefix, "namespace": namespace, "run_id": run_id, "task_name": task_name,
+        "pipeline_name": pipeline_name, "labels": labels, "annotations": annotations, "pod_labels": pod_labels,
+        "pod_annotations": pod_annotations, "volumes": volumes, "volume_mounts": volume_mounts,
+        "node_selector": node_selector, "tolerations": tolerations, "affinity": affinity,
+        "service_account": service_account, "image_pull_secrets": image_pull_secrets, "pod_targets": pod_targets,
+        "active_deadline_seconds": active_deadline_seconds or None, "suspend": suspend, "queue_name": queue_name, "patch": patch,
+    }
+    steps.exit_on_error(
+        lambda: steps.run_train_job(
+            inputs=inputs, task_config=task_config, backend=backend, start_timeout=start_timeout,
+            run_timeout=run_timeout, logs=logs, delete_after_success=delete_after_success,
+            workspace_path=workspace_path, dataset=dataset, model=model, output_model=output_model,
+            metrics=metrics, report=report, trainjob_path=trainjob,
+        )
+    )

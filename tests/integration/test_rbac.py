@@ -1,0 +1,147 @@
+"""deploy/rbac.yaml on a real API server: the launcher's service account can do its job and no more."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kfp_trainer.backends.kubernetes import KubernetesBackend
+from kfp_trainer.spec import TrainJobInputs, render
+
+RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac.yaml"
+SA = "pipeline-runner"
+GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
+
+
+def rbac_docs(namespace: str, suffix: str) -> list[dict]:
+    """deploy/rbac.yaml moved to ``namespace``; cluster-scoped names made unique for this test."""
+    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+    out = []
+    for doc in docs:
+        doc = copy.deepcopy(doc)
+        if "namespace" in doc["metadata"]:
+            doc["metadata"]["namespace"] = namespace
+        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            doc["metadata"]["name"] += f"-{suffix}"
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["roleRef"]["name"] += f"-{suffix}"
+        for subject in doc.get("subjects") or []:
+            subject["namespace"] = namespace
+        out.append(doc)
+    return out
+
+
+@pytest.fixture
+def runner(cluster, api_client, namespace):
+    """Apply the RBAC for ``pipeline-runner`` in ``namespace``; yield an API client impersonating it."""
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": SA}})
+    suffix = uuid.uuid4().hex[:8]
+    cluster_scoped = []
+    for doc in rbac_docs(namespace, suffix):
+        kind = doc["kind"]
+        if kind == "Role":
+            rbac.create_namespaced_role(namespace, doc)
+        elif kind == "RoleBinding":
+            rbac.create_namespaced_role_binding(namespace, doc)
+        elif kind == "ClusterRole":
+            rbac.create_cluster_role(doc)
+            cluster_scoped.append((rbac.delete_cluster_role, doc["metadata"]["name"]))
+        elif kind == "ClusterRoleBinding":
+            rbac.create_cluster_role_binding(doc)
+            cluster_scoped.append((rbac.delete_cluster_role_binding, doc["metadata"]["name"]))
+        else:  # pragma: no cover - the manifest holds only these four kinds
+            raise AssertionError(f"unexpected kind {kind} in {RBAC}")
+    impersonated = cluster.api_client()
+    impersonated.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:{SA}")
+    try:
+        yield impersonated
+    finally:
+        impersonated.close()
+        for delete, name in cluster_scoped:
+            delete(name)
+
+
+def can(api: client.ApiClient, namespace: str | None, verb: str, resource: str, group: str = "", subresource: str = "") -> bool:
+    review = {
+        "spec": {
+            "resourceAttributes": {
+                "namespace": namespace or "", "verb": verb, "group": group, "resource": resource, "subresource": subresource,
+            }
+        }
+    }
+    return bool(client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed)
+
+
+def trainjob(namespace: str, task: str) -> dict:
+    inputs = TrainJobInputs(
+        runtime="torch-distributed", namespace=namespace, run_id="rbac-run", task_name=task,
+        image="python:3.11", command=["python", "-c", "print('hi')"],
+    )
+    return render(inputs, api_version="v2.2")
+
+
+def test_the_manifest_is_least_privilege_by_construction():
+    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+    assert sorted(d["kind"] for d in docs) == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+    for doc in docs:
+        for rule in doc.get("rules") or []:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+            assert "secrets" not in rule["resources"]
+    cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
+    expected = {"apiGroups": ["trainer.kubeflow.org"], "resources": ["clustertrainingruntimes"], "verbs": ["get", "list"]}
+    assert cluster_role["rules"] == [expected]
+
+
+def test_pipeline_runner_can_launch_follow_and_delete_trainjobs_in_its_namespace(runner, namespace):
+    backend = KubernetesBackend(runner, namespace=namespace)
+    info = backend.resolve_runtime(TrainJobInputs(runtime="torch-distributed", namespace=namespace, run_id="r", task_name="t"))
+    assert info.api_version in ("v2.1", "v2.2")
+    co = client.CustomObjectsApi(runner)
+    body = trainjob(namespace, "train")
+    created = co.create_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", body)
+    name = created["metadata"]["name"]
+    assert co.get_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name)["metadata"]["uid"]
+    assert co.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs")["items"]
+    for verb, resource, group, sub in (
+        ("watch", "trainjobs", GROUP, ""), ("patch", "trainjobs", GROUP, ""), ("delete", "trainjobs", GROUP, ""),
+        ("list", "trainingruntimes", GROUP, ""), ("watch", "pods", "", ""), ("get", "pods", "", "log"),
+        ("list", "events", "", ""),
+    ):
+        assert can(runner, namespace, verb, resource, group, sub), (verb, resource, sub)
+    assert can(runner, None, "list", "clustertrainingruntimes", GROUP)
+    client.CoreV1Api(runner).list_namespaced_pod(namespace)
+    client.CoreV1Api(runner).list_namespaced_event(namespace)
+    co.delete_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name)
+
+
+def test_pipeline_runner_cannot_touch_other_namespaces_secrets_or_cluster_objects(runner, namespace, api_client):
+    other = f"it-other-{uuid.uuid4().hex[:8]}"
+    core_admin = client.CoreV1Api(api_client)
+    core_admin.create_namespace({"metadata": {"name": other}})
+    try:
+        co = client.CustomObjectsApi(runner)
+        with pytest.raises(ApiException) as err:
+            co.create_namespaced_custom_object(GROUP, VERSION, other, "trainjobs", trainjob(other, "train"))
+        assert err.value.status == 403
+        with pytest.raises(ApiException) as err:
+            client.CoreV1Api(runner).list_namespaced_secret(namespace)
+        assert err.value.status == 403
+        with pytest.raises(ApiException) as err:
+            client.CoreV1Api(runner).read_namespaced_secret("anything", namespace)
+        assert err.value.status == 403
+        assert not can(runner, namespace, "create", "pods")
+        assert not can(runner, namespace, "delete", "pods")
+        assert not can(runner, namespace, "create", "trainingruntimes", GROUP)
+        assert not can(runner, None, "create", "clustertrainingruntimes", GROUP)
+        assert not can(runner, other, "list", "pods")
+        assert not can(runner, other, "get", "trainjobs", GROUP)
+    finally:
+        core_admin.delete_namespace(other, propagation_policy="Background")

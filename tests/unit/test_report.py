@@ -1,0 +1,118 @@
+"""The HTML run report: self-contained, escaped, bounded, complete."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+from kfp_trainer.backends.base import JobRef, Phase
+from kfp_trainer.metrics import MetricSeries
+from kfp_trainer.report import downsample, outcome_data, render_html, render_markdown, svg_chart
+
+
+def data(**extra):
+    base = {
+        "trainjob": "team-a/train-x1",
+        "runtime": "ClusterTrainingRuntime/torch-distributed",
+        "api_version": "v2.2",
+        "phase": "Succeeded",
+        "adopted": True,
+        "metrics": {"loss": [{"step": s, "value": 3.0 / s, "epoch": None} for s in range(1, 50)]},
+        "final": {"loss": 3.0 / 49},
+        "best": {"loss": 3.0 / 49},
+        "timeline": [(1_700_000_000, "TrainJob created"), (1_700_000_012.5, "Running"), (1_700_000_090, "Succeeded")],
+        "status": {
+            "jobsStatus": [
+                {"name": "node", "active": 0, "ready": 0, "succeeded": 2, "failed": 0, "suspended": 0},
+                {"name": "dataset-initializer", "succeeded": 1},
+            ],
+            "conditions": [{"type": "Complete", "status": "True", "reason": "AllJobsCompleted", "message": "done"}],
+        },
+    }
+    base.update(extra)
+    return base
+
+
+def test_report_is_one_self_contained_page_without_scripts_or_remote_resources():
+    page = render_html(data())
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<style>" in page and "<svg" in page and "<polyline" in page
+    assert "<script" not in page.lower()
+    assert not re.search(r"(src|href)=['\"]?(https?:)?//", page)
+
+
+def test_report_shows_header_final_best_timeline_and_replicated_jobs():
+    page = render_html(data())
+    for text in ("team-a/train-x1", "ClusterTrainingRuntime/torch-distributed", "v2.2", "Succeeded", "yes",
+                 "TrainJob created", "+s", "AllJobsCompleted", "dataset-initializer", "0.0612245"):
+        assert text in page, text
+    # the replicated-jobs table: node succeeded 2
+    assert re.search(r"<td>node</td>(<td class=\"n\">\d+</td>){2}<td class=\"n\">2</td>", page)
+
+
+def test_report_escapes_every_text_it_shows():
+    evil = "<img src=x onerror=alert(1)>"
+    page = render_html(data(trainjob=evil, message=evil, reason="R", metrics={evil: [{"step": 1, "value": 1.0}]},
+                            timeline=[(1, evil)], status={"jobsStatus": [{"name": evil}]}))
+    assert evil not in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+
+
+def test_long_series_are_downsampled_so_the_page_stays_small():
+    huge = {"loss": [{"step": s, "value": (s % 97) / 97} for s in range(200_000)]}
+    page = render_html(data(metrics=huge, final={}, best={}))
+    assert len(page) < 60_000
+    points = downsample([(float(i), float(i % 13)) for i in range(100_000)], limit=400)
+    assert len(points) <= 400
+    assert points[0] == (0.0, 0.0) and points[-1] == (99_999.0, float(99_999 % 13))
+    assert max(y for _, y in points) == 12.0  # extremes survive
+
+
+def test_chart_handles_empty_single_and_epoch_only_series():
+    assert "no values" in svg_chart("loss", [])
+    assert "<circle" in svg_chart("loss", [{"step": 1, "value": 0.5}])
+    single = render_html(data(metrics={"threads": [{"step": None, "value": 2.0}]}, final={"threads": 2.0}))
+    assert "<svg" not in single and ">threads<" in single  # a single value is a table row, not a chart
+    epoch_chart = svg_chart("acc", [{"epoch": 0.5, "value": 0.1}, {"epoch": 1.0, "value": 0.2}])
+    assert ">epoch<" in epoch_chart
+    assert "nan" not in svg_chart("x", [{"step": 1, "value": float("nan")}, {"step": 2, "value": 1.0}])
+
+
+def test_no_metrics_says_so_and_many_metrics_are_capped():
+    assert "printed no metrics" in render_html(data(metrics={}, final={}, best={}))
+    many = {f"m{i}": [{"step": 1, "value": 1.0}, {"step": 2, "value": 2.0}] for i in range(30)}
+    page = render_html(data(metrics=many))
+    assert page.count("<svg") == 12 and "18 more metric(s)" in page
+
+
+def test_markdown_report_has_the_same_facts_in_tables():
+    md = render_markdown(data(trainjob="ns/a|b"))
+    assert md.startswith("# TrainJob ns/a\\|b: Succeeded")
+    assert "| loss |" in md and "| node | 0 | 0 | 2 | 0 | 0 |" in md and "TrainJob created" in md
+
+
+def test_outcome_data_reads_a_launcher_outcome():
+    series = MetricSeries()
+    series.feed('{"step": 1, "loss": 2.0}')
+    series.feed('{"step": 2, "loss": 1.0}')
+    outcome = SimpleNamespace(
+        ref=JobRef("ns", "job"), phase=Phase.SUCCEEDED, reason="AllJobsCompleted", message="", adopted=False,
+        runtime="ClusterTrainingRuntime/torch-distributed", api_version="v2.2", metrics=series,
+        timeline=[(10.0, "created"), (25.0, "Succeeded")], status={"jobsStatus": []}, log_lines=7,
+    )
+    d = outcome_data(outcome, backend="local")
+    assert d["trainjob"] == "ns/job" and d["phase"] == "Succeeded" and d["duration_seconds"] == 15.0
+    assert d["final"] == {"loss": 1.0} and d["metrics"]["loss"][0]["step"] == 1.0 and d["backend"] == "local"
+    assert "ns/job" in render_html(d)
+
+
+def test_every_chart_is_well_formed_svg():
+    import xml.etree.ElementTree as ET
+
+    page = render_html(data(metrics={"loss": [{"step": s, "value": 1 / s} for s in range(1, 30)],
+                                     "a<b": [{"epoch": 0.5, "value": 1.0}, {"epoch": 1.0, "value": 2.0}]}))
+    svgs = re.findall(r"<svg.*?</svg>", page, re.S)
+    assert len(svgs) == 2
+    for svg in svgs:
+        root = ET.fromstring(svg)
+        assert root.tag.endswith("svg")
