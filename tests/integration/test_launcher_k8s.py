@@ -264,7 +264,9 @@ def test_all_nodes_logs_are_prefixed(api_client, namespace, trainer_sim):
 
 def test_logs_survive_container_restarts_without_loss_or_repeats(api_client, namespace, trainer_sim):
     lines = [f"line {i}" for i in range(6)]
-    outcome, out = launch(api_client, inputs(namespace), trainer_sim, Script.restarting(lines, restarts=[2, 4], line_delay=0.8, restart_delay=1.0))
+    outcome, out = launch(
+        api_client, inputs(namespace), trainer_sim, Script.restarting(lines, restarts=[2, 4], line_delay=0.8, restart_delay=1.0)
+    )
     assert outcome.succeeded
     body = [line for line in out.splitlines() if line.startswith("line ")]
     assert body == lines[:2] + lines[:4] + lines
