@@ -152,3 +152,33 @@ def test_cancel_kills_the_whole_process_tree(tmp_path):
     time.sleep(0.5)
     assert [p for p in members if _alive(p)] == []
     assert not list((tmp_path / "jobs").rglob("trainjob.json"))
+
+
+def test_runtimes_from_yaml_mirror_a_cluster(tmp_path):
+    runtimes = tmp_path / "runtimes"
+    runtimes.mkdir()
+    shared = Path(__file__).resolve().parents[2].parent / "shared" / "kubeflow-trainer-v2.3.0" / "runtimes" / "torch_distributed.yaml"
+    if shared.exists():
+        (runtimes / "torch.yaml").write_text(shared.read_text())
+    (runtimes / "plain.yaml").write_text(textwrap.dedent(
+        """
+        apiVersion: trainer.kubeflow.org/v1alpha1
+        kind: ClusterTrainingRuntime
+        metadata: {name: plain-batch}
+        spec:
+          mlPolicy: {numNodes: 1}
+          template:
+            spec:
+              replicatedJobs:
+                - name: node
+                  template: {spec: {template: {spec: {containers: [{name: node, image: busybox,
+                    command: [python, -c, "import os; print('PET', os.environ.get('PET_NNODES'))"]}]}}}}
+        """
+    ))
+    backend = LocalBackend(tmp_path / "jobs", runtimes_dir=runtimes)
+    out = io.StringIO()
+    outcome = Launcher(backend, out=out).run(TrainJobInputs(run_id="r", task_name="t", runtime="plain-batch"))
+    # A plain (non-torch) runtime runs its own command as it is, without the torch env.
+    assert outcome.succeeded and "PET None" in out.getvalue()
+    with pytest.raises(RuntimeNotFoundError, match="plain-batch"):
+        Launcher(backend, out=io.StringIO()).run(TrainJobInputs(run_id="r", task_name="t", runtime="nope"))
