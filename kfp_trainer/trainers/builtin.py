@@ -144,9 +144,9 @@ def _write_tiny_char_lm(dest: Path) -> None:
     tokenizer = build_char_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),  # type: ignore[arg-type]
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=3,
+        hidden_size=96,
+        intermediate_size=256,
+        num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=128,
@@ -177,7 +177,7 @@ _REGISTRY: dict[tuple[str, str], _Builtin] = {
         _Builtin(
             "models",
             "tiny-char-lm",
-            "randomly initialised 3-layer Llama-style causal LM (~0.6M params), character tokenizer",
+            "randomly initialised 4-layer Llama-style causal LM (~0.45M params), character tokenizer",
             _write_tiny_char_lm,
         ),
     )

@@ -1,0 +1,10 @@
+"""Training programs that run inside TrainJobs (or locally under ``torchrun``).
+
+* :mod:`kfp_trainer.trainers.builtin`: offline ``builtin://`` datasets and models.
+* :mod:`kfp_trainer.trainers.sft`: supervised fine-tuning of a causal LM (DDP).
+* :mod:`kfp_trainer.trainers.evaluate`: loss, perplexity and exact match.
+* :mod:`kfp_trainer.trainers.allreduce`: distributed smoke test.
+
+Importing this package (or any of its modules) loads only the standard library;
+torch and transformers are imported when a program runs.
+"""

@@ -1,0 +1,327 @@
+"""Tests of the training programs in kfp_trainer.trainers (local, CPU only)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kfp_trainer.trainers import builtin
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO_ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _torchrun(nproc: int, module: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return _run(
+        ["-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc), "-m", module, *args],
+        timeout=timeout,
+    )
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    lines = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            lines.append(json.loads(line))
+    return lines
+
+
+@pytest.fixture(scope="session")
+def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return builtin.materialize("builtin://datasets/addition", tmp_path_factory.mktemp("addition"))
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    return builtin.materialize("builtin://models/tiny-char-lm", tmp_path_factory.mktemp("tiny-char-lm"))
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, dataset_dir: Path) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("sft-out")
+    proc = _torchrun(
+        2,
+        "kfp_trainer.trainers.sft",
+        "--model-dir", str(model_dir),
+        "--dataset-dir", str(dataset_dir),
+        "--output-dir", str(out),
+        "--max-steps", "60",
+        "--logging-steps", "10",
+        "--batch-size", "16",
+        "--time-budget-seconds", "120",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, proc.stdout
+
+
+def test_list_builtin() -> None:
+    listing = builtin.list_builtin()
+    assert "addition" in listing["datasets"]
+    assert "tiny-char-lm" in listing["models"]
+
+
+def test_addition_dataset(dataset_dir: Path) -> None:
+    train = [json.loads(line) for line in (dataset_dir / "train.jsonl").read_text().splitlines()]
+    test = [json.loads(line) for line in (dataset_dir / "test.jsonl").read_text().splitlines()]
+    info = json.loads((dataset_dir / "dataset_info.json").read_text())
+    assert info["name"] == "addition"
+    assert info["splits"] == {"train": len(train), "test": len(test)}
+    assert set(info["fields"]) == {"prompt", "completion"}
+    assert len(train) >= 5000 and len(test) >= 200
+    for record in train[:50] + test[:50]:
+        a, b = record["prompt"].removesuffix("=").split("+")
+        assert record["prompt"].endswith("=")
+        assert record["completion"] == str(int(a) + int(b))
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+
+
+def test_addition_dataset_is_deterministic(tmp_path: Path, dataset_dir: Path) -> None:
+    again = builtin.materialize("builtin://datasets/addition", tmp_path)
+    for name in ("train.jsonl", "test.jsonl", "dataset_info.json"):
+        assert (again / name).read_bytes() == (dataset_dir / name).read_bytes()
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["builtin://datasets/nope", "builtin://models/nope", "builtin://things/addition", "s3://bucket/x", "builtin://datasets/"],
+)
+def test_unknown_builtin_lists_available(tmp_path: Path, uri: str) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        builtin.materialize(uri, tmp_path / "x")
+    message = str(excinfo.value)
+    assert uri in message
+    assert "builtin://datasets/addition" in message
+    assert "builtin://models/tiny-char-lm" in message
+    assert not (tmp_path / "x").exists()
+
+
+def test_builtin_module_imports_no_torch() -> None:
+    code = "import sys, kfp_trainer.trainers.builtin, kfp_trainer.trainers.sft; print('torch' in sys.modules)"
+    proc = _run(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+def test_tiny_model_loads_offline(model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (model_dir / name).is_file(), name
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    params = sum(p.numel() for p in model.parameters())
+    assert 300_000 <= params <= 1_000_000
+    assert model.config.model_type == "llama"
+
+    ids = tokenizer("12+7=")["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id
+    assert tokenizer.convert_ids_to_tokens(ids[1:]) == ["1", "2", "+", "7", "="]
+    text = "Hello, World! {x: 3.14}"
+    encoded = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.unk_token_id not in encoded
+    assert tokenizer.decode(encoded) == text
+    assert {tokenizer.pad_token, tokenizer.eos_token, tokenizer.bos_token, tokenizer.unk_token} == {
+        "<pad>",
+        "<eos>",
+        "<bos>",
+        "<unk>",
+    }
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), len(tokenizer))
+
+
+def test_tiny_model_is_deterministic(tmp_path: Path, model_dir: Path) -> None:
+    again = builtin.materialize("builtin://models/tiny-char-lm", tmp_path)
+    assert (again / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+
+
+def test_allreduce_two_processes() -> None:
+    pytest.importorskip("torch")
+    proc = _torchrun(2, "kfp_trainer.trainers.allreduce", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = _json_lines(proc.stdout)
+    assert sorted(line["rank"] for line in lines) == [0, 1]
+    for line in lines:
+        assert line["world_size"] == 2
+        assert line["sum"] == 3
+        assert line["node_rank"] == 0
+        assert line["local_rank"] == line["rank"]
+
+
+def test_sft_two_processes(trained: tuple[Path, str], model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, stdout = trained
+    lines = _json_lines(stdout)
+    metrics = [line for line in lines if "step" in line]
+    summary = [line for line in lines if "train_loss" in line]
+    assert [m["step"] for m in metrics] == [10, 20, 30, 40, 50, 60]
+    for m in metrics:
+        assert set(m) == {"step", "epoch", "loss", "learning_rate"}
+        assert math.isfinite(m["loss"]) and m["learning_rate"] > 0
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    assert metrics[-1]["epoch"] > metrics[0]["epoch"] > 0
+    assert len(summary) == 1
+    assert summary[0]["train_steps"] == 60
+    assert summary[0]["world_size"] == 2
+    assert summary[0]["train_runtime"] > 0
+
+    info = json.loads((out / "training_info.json").read_text())
+    assert info["base_model"] == str(model_dir)
+    assert info["weights"] == "full"
+    assert info["format"] == "safetensors"
+    assert info["steps"] == 60
+    assert info["world_size"] == 2
+    assert (out / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    AutoTokenizer.from_pretrained(out)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    changed = [
+        name
+        for (name, p), (_, q) in zip(model.named_parameters(), base.named_parameters(), strict=True)
+        if not p.detach().equal(q.detach())
+    ]
+    assert changed
+
+
+def test_evaluate(trained: tuple[Path, str], model_dir: Path, dataset_dir: Path) -> None:
+    from kfp_trainer.trainers.evaluate import evaluate
+
+    out, _ = trained
+    base = evaluate(model_dir, dataset_dir, max_examples=64)
+    tuned = evaluate(out, dataset_dir, max_examples=64, max_new_tokens=4)
+    for result in (base, tuned):
+        assert set(result) >= {"loss", "perplexity", "exact_match", "examples"}
+        assert result["examples"] == 64
+        assert 0.0 <= result["exact_match"] <= 1.0
+        assert result["perplexity"] == pytest.approx(math.exp(result["loss"]), rel=1e-3)
+    assert base["exact_match"] < 0.05
+    assert base["loss"] > 3.0  # about log(vocabulary size) before training
+    assert tuned["loss"] < base["loss"]
+
+
+def test_evaluate_cli(trained: tuple[Path, str], dataset_dir: Path, tmp_path: Path) -> None:
+    out, _ = trained
+    result_file = tmp_path / "metrics.json"
+    proc = _run(
+        [
+            "-m", "kfp_trainer.trainers.evaluate",
+            "--model-dir", str(out),
+            "--dataset-dir", str(dataset_dir),
+            "--max-examples", "16",
+            "--output", str(result_file),
+        ]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (line,) = _json_lines(proc.stdout)
+    assert line["examples"] == 16
+    assert json.loads(result_file.read_text()) == line
+
+
+def test_sft_single_process_without_launcher_stops_on_time_budget(model_dir: Path, dataset_dir: Path, tmp_path: Path) -> None:
+    proc = _run(
+        [
+            "-m", "kfp_trainer.trainers.sft",
+            "--model-dir", str(model_dir),
+            "--dataset-dir", str(dataset_dir),
+            "--output-dir", str(tmp_path),
+            "--max-steps", "100000",
+            "--time-budget-seconds", "2",
+            "--logging-steps", "2",
+            "--batch-size", "8",
+        ]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = _json_lines(proc.stdout)
+    summary = lines[-1]
+    assert summary["world_size"] == 1
+    assert summary["stopped_by"] == "time_budget"
+    assert 0 < summary["train_steps"] < 100000
+    assert 2 <= summary["train_runtime"] < 30
+    assert [line["step"] for line in lines[:-1]] == list(range(2, summary["train_steps"] + 1, 2))
+    info = json.loads((tmp_path / "training_info.json").read_text())
+    assert info["world_size"] == 1 and info["steps"] == summary["train_steps"]
+
+
+def test_lr_schedule() -> None:
+    from kfp_trainer.trainers.sft import lr_at
+
+    assert lr_at(0, 0.0, 1.0, 10, 0.1) == pytest.approx(0.1)
+    assert lr_at(9, 0.0, 1.0, 10, 0.1) == pytest.approx(1.0)
+    assert lr_at(50, 0.5, 1.0, 10, 0.1) == pytest.approx(0.55)
+    assert lr_at(99, 1.0, 1.0, 10, 0.1) == pytest.approx(0.1)
+    assert lr_at(99, 2.0, 1.0, 10, 0.1) == pytest.approx(0.1)
+
+
+def test_sft_lora(model_dir: Path, dataset_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    from kfp_trainer.trainers.evaluate import evaluate
+
+    proc = _run(
+        [
+            "-m", "kfp_trainer.trainers.sft",
+            "--model-dir", str(model_dir),
+            "--dataset-dir", str(dataset_dir),
+            "--output-dir", str(tmp_path),
+            "--max-steps", "4",
+            "--logging-steps", "2",
+            "--lora",
+        ]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    info = json.loads((tmp_path / "training_info.json").read_text())
+    assert info["weights"] == "adapter" and info["format"] == "safetensors"
+    assert (tmp_path / "adapter_model.safetensors").is_file()
+    result = evaluate(tmp_path, dataset_dir, max_examples=8, max_new_tokens=2)
+    assert result["examples"] == 8
+
+
+def test_sft_lora_without_peft_fails_clearly(model_dir: Path, dataset_dir: Path, tmp_path: Path) -> None:
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("peft is installed")
+    proc = _run(
+        [
+            "-m", "kfp_trainer.trainers.sft",
+            "--model-dir", str(model_dir),
+            "--dataset-dir", str(dataset_dir),
+            "--output-dir", str(tmp_path),
+            "--max-steps", "1",
+            "--lora",
+        ]
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "peft" in proc.stderr
