@@ -233,7 +233,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     print(summarize_outputs(out / "artifacts", getattr(module, "TASK_LABELS", None)))
     compare = getattr(module, "COMPARE", None)
     if compare:
-        print(before_after(out / "artifacts", **compare))
+        print(before_after(out / "artifacts", labels=getattr(module, "TASK_LABELS", None), **compare))
     return 0
 
 
@@ -265,7 +265,7 @@ def summarize_outputs(root: Any, labels: dict[str, str] | None = None) -> str:
     return "Outputs:\n" + "\n".join(lines) if lines else f"No task outputs under {root}"
 
 
-def before_after(root: Any, *, metric: str, before: str, after: str) -> str:
+def before_after(root: Any, *, metric: str, before: str, after: str, labels: dict[str, str] | None = None) -> str:
     """One line comparing ``metric`` of two tasks' Metrics outputs (e.g. base vs fine-tuned)."""
     from pathlib import Path
 
@@ -278,7 +278,9 @@ def before_after(root: Any, *, metric: str, before: str, after: str) -> str:
                         values[task] = artifact["metadata"][metric]
     if len(values) < 2:
         return f"{metric}: not found in the outputs of {before} and {after}"
-    return f"{metric}: {before} {values[before]:.3f} -> {after} {values[after]:.3f} ({values[after] - values[before]:+.3f})"
+    name = {task: (labels or {}).get(task, task) for task in (before, after)}
+    change = values[after] - values[before]
+    return f"{metric}: {name[before]} {values[before]:.3f} -> {name[after]} {values[after]:.3f} ({change:+.3f})"
 
 
 def build_parser() -> argparse.ArgumentParser:
