@@ -73,7 +73,11 @@ def can(api: client.ApiClient, namespace: str | None, verb: str, resource: str, 
     review = {
         "spec": {
             "resourceAttributes": {
-                "namespace": namespace or "", "verb": verb, "group": group, "resource": resource, "subresource": subresource,
+                "namespace": namespace or "",
+                "verb": verb,
+                "group": group,
+                "resource": resource,
+                "subresource": subresource,
             }
         }
     }
@@ -82,8 +86,12 @@ def can(api: client.ApiClient, namespace: str | None, verb: str, resource: str, 
 
 def trainjob(namespace: str, task: str) -> dict:
     inputs = TrainJobInputs(
-        runtime="torch-distributed", namespace=namespace, run_id="rbac-run", task_name=task,
-        image="python:3.11", command=["python", "-c", "print('hi')"],
+        runtime="torch-distributed",
+        namespace=namespace,
+        run_id="rbac-run",
+        task_name=task,
+        image="python:3.11",
+        command=["python", "-c", "print('hi')"],
     )
     return render(inputs, api_version="v2.2")
 
@@ -111,8 +119,12 @@ def test_pipeline_runner_can_launch_follow_and_delete_trainjobs_in_its_namespace
     assert co.get_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name)["metadata"]["uid"]
     assert co.list_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs")["items"]
     for verb, resource, group, sub in (
-        ("watch", "trainjobs", GROUP, ""), ("patch", "trainjobs", GROUP, ""), ("delete", "trainjobs", GROUP, ""),
-        ("list", "trainingruntimes", GROUP, ""), ("watch", "pods", "", ""), ("get", "pods", "", "log"),
+        ("watch", "trainjobs", GROUP, ""),
+        ("patch", "trainjobs", GROUP, ""),
+        ("delete", "trainjobs", GROUP, ""),
+        ("list", "trainingruntimes", GROUP, ""),
+        ("watch", "pods", "", ""),
+        ("get", "pods", "", "log"),
         ("list", "events", "", ""),
     ):
         assert can(runner, namespace, verb, resource, group, sub), (verb, resource, sub)
@@ -145,3 +157,100 @@ def test_pipeline_runner_cannot_touch_other_namespaces_secrets_or_cluster_object
         assert not can(runner, other, "get", "trainjobs", GROUP)
     finally:
         core_admin.delete_namespace(other, propagation_policy="Background")
+
+
+def test_train_job_step_under_the_runner_account_passes_task_config_to_the_stored_trainjob(
+    runner, namespace, api_client, trainer_sim, tmp_path, monkeypatch
+):
+    from kfp import dsl
+
+    from kfp_trainer.components import train_job
+
+    monkeypatch.setattr(
+        "kfp_trainer.backends.select_backend", lambda kind="auto", **kw: KubernetesBackend(runner, namespace=namespace, watch_timeout=2)
+    )
+    workspace = tmp_path / "kfp-workspace"
+    # The run's workspace claim, bound to a volume by the real PV controller (no provisioner here).
+    core = client.CoreV1Api(api_client)
+    pv_name = f"ws-{namespace}"
+    core.create_persistent_volume(
+        {
+            "metadata": {"name": pv_name},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "hostPath": {"path": str(workspace)},
+                "claimRef": {"namespace": namespace, "name": "run-ws"},
+            },
+        }
+    )
+    core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": "run-ws"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": pv_name,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("{}\n")
+
+    def artifact(cls, path: Path):
+        a = cls(uri=str(path), name=path.name, metadata={})
+        a.path = str(path)
+        return a
+
+    task_config = dsl.TaskConfig(
+        resources={"limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"}, "requests": {"cpu": "1"}},
+        env=[{"name": "EPOCHS", "value": "3"}],
+        node_selector={"nvidia.com/gpu.present": "true"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        affinity={
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}
+                ]
+            }
+        },
+        volumes=[{"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": "run-ws"}}],
+        volume_mounts=[{"name": "kfp-workspace", "mountPath": str(workspace)}],
+    )
+    handle = tmp_path / "trainjob.txt"
+    metrics = artifact(dsl.Metrics, tmp_path / "metrics")
+    train_job.python_func(
+        output_model=artifact(dsl.Model, tmp_path / "model"),
+        metrics=metrics,
+        report=artifact(dsl.HTML, tmp_path / "report.html"),
+        trainjob=str(handle),
+        image="python:3.11",
+        command=["python", "train.py"],
+        args=["--data", "{dataset}"],
+        dataset=artifact(dsl.Dataset, tmp_path / "data"),
+        run_id=f"rbac-{uuid.uuid4().hex[:8]}",
+        task_name="train",
+        pipeline_name="p",
+        backend="kubernetes",
+        namespace=namespace,
+        workspace_path=str(workspace),
+        task_config=task_config,
+    )
+    ns, name = handle.read_text().split("/")
+    assert ns == namespace
+    stored = client.CustomObjectsApi(api_client).get_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name)
+    trainer = stored["spec"]["trainer"]
+    assert trainer["resourcesPerNode"] == task_config.resources
+    assert {"name": "EPOCHS", "value": "3"} in trainer["env"]
+    assert trainer["args"][1].startswith(f"{workspace}/.kfp-trainer/") and (Path(trainer["args"][1]) / "train.jsonl").exists()
+    patch = stored["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    pod = patch["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == task_config.node_selector
+    assert pod["tolerations"] == task_config.tolerations
+    assert pod["affinity"] == task_config.affinity
+    assert pod["volumes"] == task_config.volumes
+    assert pod["containers"] == [{"name": "node", "volumeMounts": task_config.volume_mounts}]
+    assert metrics.metadata["loss"] == 0.25  # the simulator's default log ends with "loss=0.25"
