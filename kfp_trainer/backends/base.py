@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..spec import ApiVersion, TrainJobInputs
+from ..errors import OwnershipError
+from ..spec import LABEL_DIGEST, LABEL_RUN, LABEL_TASK, ApiVersion, TrainJobInputs
 
 
 class Phase(str, enum.Enum):
@@ -187,3 +188,19 @@ class Backend(Protocol):
     def inspect_hint(self, ref: JobRef) -> str:
         """Commands a person can run to look at the job."""
         ...
+
+
+def check_ownership(manifest: dict[str, Any], existing: dict[str, Any], *, remedy: str) -> None:
+    """Raise :class:`OwnershipError` unless ``existing`` was created by the task that rendered ``manifest``.
+
+    The run, the task and the inputs digest must all match: the same name from another run,
+    another task, or other inputs is somebody else's job and is never adopted or replaced.
+    """
+    mine, theirs = manifest["metadata"].get("labels") or {}, existing["metadata"].get("labels") or {}
+    for key in (LABEL_RUN, LABEL_TASK, LABEL_DIGEST):
+        if mine.get(key) != theirs.get(key):
+            where = f"{existing['metadata'].get('namespace', '')}/{existing['metadata']['name']}"
+            raise OwnershipError(
+                f"TrainJob {where} already exists and was not created by this task "
+                f"({key}={theirs.get(key)!r}, this task has {mine.get(key)!r}). Choose another name or name_prefix, or {remedy}"
+            )

@@ -21,9 +21,9 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client import ApiClient
 
-from ..errors import OwnershipError, RuntimeNotFoundError, UserError
-from ..spec import GROUP, LABEL_DIGEST, LABEL_RUN, LABEL_TASK, PLURAL, VERSION, ApiVersion, TrainJobInputs
-from .base import Blocker, JobRef, JobStatus, LogSink, Phase, RuntimeInfo, Submission, trainjob_status
+from ..errors import RuntimeNotFoundError, UserError
+from ..spec import GROUP, PLURAL, VERSION, ApiVersion, TrainJobInputs
+from .base import Blocker, JobRef, JobStatus, LogSink, Phase, RuntimeInfo, Submission, check_ownership, trainjob_status
 from .kube_api import Conflict, NotFound, RetryPolicy, call
 from .kube_logs import NodeLogFollower
 from .kube_watch import request, watch
@@ -228,14 +228,7 @@ class KubernetesBackend:
         except Conflict:
             pass
         existing = self._get(ref)
-        mine, theirs = manifest["metadata"].get("labels") or {}, existing["metadata"].get("labels") or {}
-        for key in (LABEL_RUN, LABEL_TASK, LABEL_DIGEST):
-            if mine.get(key) != theirs.get(key):
-                raise OwnershipError(
-                    f"TrainJob {ref} already exists and was not created by this task "
-                    f"({key}={theirs.get(key)!r}, this task has {mine.get(key)!r}). "
-                    "Choose another name or name_prefix, or delete it: " + f"kubectl delete trainjob -n {namespace} {name}"
-                )
+        check_ownership(manifest, existing, remedy=f"delete it: kubectl delete trainjob -n {namespace} {name}")
         if trainjob_status(existing).phase is Phase.FAILED:
             log.warning("TrainJob %s from an earlier try failed; replacing it", ref)
             self.delete(ref, wait=120.0)

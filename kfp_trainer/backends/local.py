@@ -40,10 +40,10 @@ from typing import Any
 
 import yaml
 
-from ..errors import OwnershipError, RuntimeNotFoundError, UserError, ValidationError
-from ..spec import LABEL_DIGEST, LABEL_RUN, LABEL_TASK, TrainJobInputs
+from ..errors import RuntimeNotFoundError, UserError, ValidationError
+from ..spec import TrainJobInputs
 from ..storage import fetch, redact
-from .base import Blocker, JobRef, JobStatus, LogLine, LogSink, Phase, RuntimeInfo, Submission, trainjob_status
+from .base import Blocker, JobRef, JobStatus, LogLine, LogSink, Phase, RuntimeInfo, Submission, check_ownership, trainjob_status
 
 log = logging.getLogger(__name__)
 ROOT_ENV = "KFP_TRAINER_LOCAL_ROOT"
@@ -215,10 +215,7 @@ class LocalBackend:
         existing = _read_json(directory / "trainjob.json")
         replaced = False
         if existing is not None:
-            mine, theirs = manifest["metadata"].get("labels") or {}, existing["metadata"].get("labels") or {}
-            for key in (LABEL_RUN, LABEL_TASK, LABEL_DIGEST):
-                if mine.get(key) != theirs.get(key):
-                    raise OwnershipError(f"local TrainJob {ref} exists and belongs to another run or task ({key}={theirs.get(key)!r})")
+            check_ownership(manifest, existing, remedy=f"remove {directory}")
             phase = trainjob_status(existing).phase
             alive = any(_pid_alive(p) for p in (existing.get("status") or {}).get("pids", []))
             if phase is Phase.SUCCEEDED or (phase in (Phase.PENDING, Phase.RUNNING) and alive):
