@@ -97,6 +97,11 @@ def downsample(points: Sequence[tuple[float, float]], limit: int = MAX_POINTS) -
     return out[:limit]
 
 
+def _axis(value: float) -> str:
+    """A short axis label: at most 4 significant digits."""
+    return _esc(f"{value:.4g}")
+
+
 def _series_xy(points: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[float, float]], str]:
     """(x, y) pairs of one metric and the x axis label: step, else epoch, else index."""
     rows = [p for p in points if isinstance(p.get("value"), (int, float)) and math.isfinite(float(p["value"]))]
@@ -110,7 +115,7 @@ def svg_chart(name: str, points: Iterable[Mapping[str, Any]], *, width: int = 36
     """An inline SVG line chart of one metric (x: step, epoch or point index)."""
     xy, xlabel = _series_xy(points)
     xy = downsample(xy)
-    left, right, top, bottom = 48, 10, 20, 28
+    left, right, top, bottom = 60, 10, 20, 28
     w, h = width - left - right, height - top - bottom
     title = f'<text x="{left}" y="13" style="font-size:12px;fill:#202124;font-weight:600">{_esc(name, 80)}</text>'
     if not xy:
@@ -136,8 +141,8 @@ def svg_chart(name: str, points: Iterable[Mapping[str, Any]], *, width: int = 36
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{_esc(name, 80)}">',
         title,
         f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#dadce0"/>',
-        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{_fmt(y1)}</text>',
-        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_fmt(y0)}</text>',
+        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{_axis(y1)}</text>',
+        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_axis(y0)}</text>',
         f'<text x="{left}" y="{height - 14}">{_fmt(x0)}</text>',
         f'<text x="{left + w}" y="{height - 14}" text-anchor="end">{_fmt(x1)}</text>',
         f'<text x="{left + w / 2:.0f}" y="{height - 3}" text-anchor="middle">{_esc(xlabel)}</text>',
@@ -203,11 +208,8 @@ def _jobs_status(status: Mapping[str, Any]) -> list[tuple[Any, ...]]:
 
 
 def _is_curve(points: Any) -> bool:
-    """A series worth a chart: several values, or values logged at a training step or epoch."""
-    if not isinstance(points, Sequence) or not points:
-        return False
-    positioned = any(isinstance(p, Mapping) and (p.get("step") is not None or p.get("epoch") is not None) for p in points)
-    return len(points) >= 2 or positioned
+    """A series worth a chart: two values or more (a single value is a table row)."""
+    return isinstance(points, Sequence) and len(points) >= 2
 
 
 def render_html(data: Mapping[str, Any]) -> str:
