@@ -201,6 +201,10 @@ def _fetch_hf(uri: str, dest: Path, kind: str, env: Mapping[str, str], ignore: l
         )
     except Exception as e:  # the hub client raises many types; keep the message, drop the token
         raise StorageError(f"{uri}: download failed: {type(e).__name__}: {_scrub(str(e), token)}") from None
+    # The client's download bookkeeping is not part of the dataset or model.
+    shutil.rmtree(dest / ".cache" / "huggingface", ignore_errors=True)
+    if (dest / ".cache").is_dir() and not any((dest / ".cache").iterdir()):
+        (dest / ".cache").rmdir()
 
 
 def _scrub(text: str, *secrets: str | None) -> str:
