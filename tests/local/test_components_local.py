@@ -48,7 +48,7 @@ def only(root: Path, pattern: str) -> Path:
 def test_llm_finetune_pipeline_trains_for_real_and_the_gate_branch_runs(tmp_path):
     module = load_pipeline_module()
     result = module.run_local(
-        {"num_nodes": 2, "max_steps": 60, "time_budget_seconds": 40, "eval_examples": 100, "gate_metric": "loss", "min_improvement": 0.5},
+        {"num_nodes": 2, "max_steps": 120, "time_budget_seconds": 40, "eval_examples": 100, "gate_metric": "loss", "min_improvement": 0.5},
         workdir=str(tmp_path / "demo"),
     )
     root = Path(result["pipeline_root"])
