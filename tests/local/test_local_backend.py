@@ -160,8 +160,9 @@ def test_runtimes_from_yaml_mirror_a_cluster(tmp_path):
     shared = Path(__file__).resolve().parents[2].parent / "shared" / "kubeflow-trainer-v2.3.0" / "runtimes" / "torch_distributed.yaml"
     if shared.exists():
         (runtimes / "torch.yaml").write_text(shared.read_text())
-    (runtimes / "plain.yaml").write_text(textwrap.dedent(
-        """
+    (runtimes / "plain.yaml").write_text(
+        textwrap.dedent(
+            """
         apiVersion: trainer.kubeflow.org/v1alpha1
         kind: ClusterTrainingRuntime
         metadata: {name: plain-batch}
@@ -174,7 +175,8 @@ def test_runtimes_from_yaml_mirror_a_cluster(tmp_path):
                   template: {spec: {template: {spec: {containers: [{name: node, image: busybox,
                     command: [python, -c, "import os; print('PET', os.environ.get('PET_NNODES'))"]}]}}}}
         """
-    ))
+        )
+    )
     backend = LocalBackend(tmp_path / "jobs", runtimes_dir=runtimes)
     out = io.StringIO()
     outcome = Launcher(backend, out=out).run(TrainJobInputs(run_id="r", task_name="t", runtime="plain-batch"))
