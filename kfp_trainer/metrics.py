@@ -34,6 +34,8 @@ POSITION_KEYS = ("step", "global_step", "epoch")
 _KATIB = re.compile(r"(?<![\w.-])([A-Za-z][\w./-]*)\s*=\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
 _LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|err|mse|mae|rmse|wer|cer)", re.IGNORECASE)
 _SKIP_KEYS = re.compile(r"^(rank|local_rank|node_rank|world_size|pid|port)$")
+# Settings and throughput, not results: they have a last value but no "best" one.
+_NOT_A_SCORE = re.compile(r"(learning_rate|^lr$|runtime|per_second|grad_norm|epoch|steps?$|batch_size)")
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,16 @@ def from_trainer_status(status: dict[str, Any] | None) -> list[MetricPoint]:
     return points
 
 
+def is_score(name: str) -> bool:
+    """Whether metric ``name`` is a result with a best value (a loss, an accuracy), not a setting.
+
+    Example:
+        >>> is_score("eval_loss"), is_score("learning_rate")
+        (True, False)
+    """
+    return not _NOT_A_SCORE.search(name)
+
+
 def lower_is_better(name: str) -> bool:
     """Whether smaller values of metric ``name`` are better (losses, errors, perplexity)."""
     return bool(_LOWER_IS_BETTER.search(name))
@@ -143,9 +155,11 @@ class MetricSeries:
         return {p.name: p.value for p in self.points}
 
     def best(self) -> dict[str, float]:
-        """The best value of each metric (min for losses/errors, max otherwise)."""
+        """The best value of each score (min for losses/errors, max otherwise); settings are left out."""
         out: dict[str, float] = {}
         for p in self.points:
+            if not is_score(p.name):
+                continue
             if p.name not in out:
                 out[p.name] = p.value
             elif lower_is_better(p.name):

@@ -212,7 +212,6 @@ def _shared_copy(artifact: Any, shared_root: str | None) -> str | None:
     return None
 
 
-_NOT_A_SCORE = re.compile(r"(learning_rate|^lr$|runtime|per_second|grad_norm|epoch|steps?$)")
 _INTEGRAL = re.compile(r"^[+-]?\d+\.0+$")
 
 
@@ -378,7 +377,7 @@ def run_train_job(
         if _finite(value):
             metrics.log_metric(name, float(value))
     for name, value in sorted(best.items()):
-        if _finite(value) and value != final.get(name) and not _NOT_A_SCORE.search(name):
+        if _finite(value) and value != final.get(name):  # best() holds scores only
             metrics.log_metric(f"best_{name}", float(value))
     data = outcome_data(outcome, backend="local" if local else "kubernetes", extra={
         "output model": f"{output_model.metadata.get('weights')} weights, {output_model.metadata.get('format')}, {files} files",

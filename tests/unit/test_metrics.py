@@ -55,3 +55,11 @@ def test_trainer_status_metrics():
 def test_direction():
     assert lower_is_better("eval_loss") and lower_is_better("perplexity") and lower_is_better("wer")
     assert not lower_is_better("accuracy") and not lower_is_better("exact_match")
+
+
+def test_best_is_kept_for_scores_only():
+    s = MetricSeries()
+    for line in ['{"step": 1, "loss": 2.0, "learning_rate": 0.001, "batch_size": 16}', '{"step": 2, "loss": 1.0, "learning_rate": 0.0005}']:
+        s.feed(line)
+    assert s.best() == {"loss": 1.0}
+    assert s.final() == {"loss": 1.0, "learning_rate": 0.0005, "batch_size": 16.0}
