@@ -72,6 +72,32 @@ class RuntimeInfo:
     replicated_jobs: tuple[tuple[str, int], ...] = ()  # (name, pods per job)
     framework: str = ""
 
+    @classmethod
+    def from_runtime(cls, runtime: dict[str, Any], *, name: str, kind: str, api_version: ApiVersion, num_nodes: int | None) -> RuntimeInfo:
+        """Read a ClusterTrainingRuntime/TrainingRuntime object: its replicated jobs and pods per job.
+
+        ``node`` runs ``num_nodes`` pods (the runtime's ``mlPolicy.numNodes`` when unset);
+        other replicated jobs run their template's ``parallelism`` (1 when unset).
+        """
+        spec = runtime.get("spec") or {}
+        nodes = num_nodes or int((spec.get("mlPolicy") or {}).get("numNodes") or 1)
+        jobs = []
+        for rj in ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
+            parallelism = ((rj.get("template") or {}).get("spec") or {}).get("parallelism")
+            jobs.append((str(rj.get("name")), nodes if rj.get("name") == "node" else int(parallelism or 1)))
+        return cls(
+            name=name,
+            kind=kind,
+            api_version=api_version,
+            replicated_jobs=tuple(jobs),
+            framework=((runtime.get("metadata") or {}).get("labels") or {}).get("trainer.kubeflow.org/framework", ""),
+        )
+
+    @property
+    def nodes(self) -> int:
+        """Pods of the ``node`` replicated job (the trainer nodes)."""
+        return dict(self.replicated_jobs).get("node", 1)
+
     @property
     def job_names(self) -> list[str]:
         """Names of the runtime's replicated jobs."""

@@ -51,16 +51,6 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     return ApiClient(configuration)
 
 
-def _runtime_jobs(runtime: dict[str, Any], num_nodes: int | None) -> tuple[tuple[str, int], ...]:
-    spec = runtime.get("spec") or {}
-    nodes = num_nodes or int((spec.get("mlPolicy") or {}).get("numNodes") or 1)
-    jobs = []
-    for rj in ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
-        pods = nodes if rj.get("name") == "node" else int(((rj.get("template") or {}).get("spec") or {}).get("parallelism") or 1)
-        jobs.append((str(rj.get("name")), pods))
-    return tuple(jobs)
-
-
 class KubernetesBackend:
     """Runs TrainJobs on a Kubernetes cluster with Kubeflow Trainer installed."""
 
@@ -81,7 +71,6 @@ class KubernetesBackend:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.runtime: RuntimeInfo | None = None
-        self.num_nodes = 1
 
     @classmethod
     def from_config(cls, kubeconfig: str | None = None, **kwargs: Any) -> KubernetesBackend:
@@ -180,13 +169,8 @@ class KubernetesBackend:
                 + (f" in namespace {namespace}" if inputs.runtime_kind == "TrainingRuntime" else "")
                 + f". Available: {', '.join(available) or 'none (is Kubeflow Trainer installed?)'}"
             ) from None
-        self.num_nodes = inputs.num_nodes or int(((runtime.get("spec") or {}).get("mlPolicy") or {}).get("numNodes") or 1)
-        self.runtime = RuntimeInfo(
-            name=inputs.runtime,
-            kind=inputs.runtime_kind,
-            api_version=api_version,
-            replicated_jobs=_runtime_jobs(runtime, inputs.num_nodes),
-            framework=(runtime["metadata"].get("labels") or {}).get("trainer.kubeflow.org/framework", ""),
+        self.runtime = RuntimeInfo.from_runtime(
+            runtime, name=inputs.runtime, kind=inputs.runtime_kind, api_version=api_version, num_nodes=inputs.num_nodes
         )
         return self.runtime
 
@@ -308,7 +292,7 @@ class KubernetesBackend:
     def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
         """Stream node ``nodes`` ("0", "3", or "all") of the trainer to ``sink`` until done or stopped."""
         replicated_job = self.runtime.trainer_job if self.runtime else "node"
-        count = self.num_nodes if replicated_job == "node" else 1
+        count = self.runtime.nodes if self.runtime and replicated_job == "node" else 1
         indices = list(range(count)) if nodes == "all" else [int(nodes)]
         followers = [
             NodeLogFollower(

@@ -140,19 +140,8 @@ class LocalBackend:
         if key not in runtimes:
             where = f" and {self.runtimes_dir}" if self.runtimes_dir else f" (set {RUNTIMES_ENV} to a folder of runtime YAML)"
             raise RuntimeNotFoundError(f"runtime: {key} is not a local runtime. Available (built in{where}): {', '.join(sorted(runtimes))}")
-        runtime = runtimes[key]
-        spec = runtime.get("spec") or {}
-        nodes = inputs.num_nodes or int((spec.get("mlPolicy") or {}).get("numNodes") or 1)
-        jobs = tuple(
-            (str(rj["name"]), nodes if rj["name"] == "node" else 1)
-            for rj in ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
-        )
-        self.runtime = RuntimeInfo(
-            name=inputs.runtime,
-            kind=inputs.runtime_kind,
-            api_version="v2.2",
-            replicated_jobs=jobs,
-            framework=(runtime["metadata"].get("labels") or {}).get("trainer.kubeflow.org/framework", ""),
+        self.runtime = RuntimeInfo.from_runtime(
+            runtimes[key], name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", num_nodes=inputs.num_nodes
         )
         return self.runtime
 
@@ -257,7 +246,8 @@ class LocalBackend:
                 env[item["name"]] = str(item["value"])
         return env
 
-    def _env(self, manifest: dict[str, Any], workspace: Path, node: int, nodes: int, port: int, torch: bool) -> dict[str, str]:
+    def _env(self, manifest: dict[str, Any], runtime: dict[str, Any], workspace: Path, nodes: int) -> dict[str, str]:
+        """The environment every node shares; torch runtimes get the PET_* rendezvous (not the rank)."""
         env = dict(os.environ)
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         env["PYTHONUNBUFFERED"] = "1"
@@ -267,15 +257,14 @@ class LocalBackend:
                 env[item["name"]] = self._map(str(item["value"]), workspace)
             elif item["name"] not in os.environ:
                 log.warning("env %s comes from a Secret/ConfigMap reference; set it in this shell for local runs", item["name"])
-        if torch:
+        policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
+        if "torch" in policy:
             trainer = manifest["spec"].get("trainer") or {}
-            policy = ((self._runtime_doc(manifest).get("spec") or {}).get("mlPolicy") or {}).get("torch") or {}
             env.update(
                 PET_NNODES=str(nodes),
-                PET_NPROC_PER_NODE=str(trainer.get("numProcPerNode") or policy.get("numProcPerNode") or "auto"),
-                PET_NODE_RANK=str(node),
+                PET_NPROC_PER_NODE=str(trainer.get("numProcPerNode") or (policy["torch"] or {}).get("numProcPerNode") or "auto"),
                 PET_MASTER_ADDR="127.0.0.1",
-                PET_MASTER_PORT=str(port),
+                PET_MASTER_PORT=str(free_port()),
             )
         return env
 
@@ -296,7 +285,7 @@ class LocalBackend:
                 or ((runtime.get("spec") or {}).get("mlPolicy") or {}).get("numNodes")
                 or 1
             )
-            port = free_port()
+            env = self._env(manifest, runtime, workspace, nodes)
             for node in range(nodes):
                 if job.cancelled.is_set():
                     return
@@ -307,7 +296,7 @@ class LocalBackend:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     cwd=workspace,
-                    env=self._env(manifest, workspace, node, nodes, port, torch),
+                    env={**env, "PET_NODE_RANK": str(node)} if torch else env,
                     start_new_session=True,
                 )
                 out.close()
