@@ -663,6 +663,19 @@ def _without_empty(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v}
 
 
+def dig(obj: Any, *keys: str) -> Any:
+    """``obj[k1][k2]...``, or ``None`` where a level is missing (or not a mapping).
+
+    Example:
+        >>> dig({"spec": {"template": {}}}, "spec", "template", "spec")
+    """
+    for key in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
 def _check_patched(manifest: dict[str, Any], api_version: ApiVersion) -> None:
     """Re-check what a raw ``patch`` may have broken: the name and env the webhook rejects."""
     errors: list[ValidationError] = []
@@ -673,9 +686,9 @@ def _check_patched(manifest: dict[str, Any], api_version: ApiVersion) -> None:
     errors += _check_env("patch.spec.trainer.env", (spec.get("trainer") or {}).get("env") or [], reserved=True)
     rejected = ("node", "dataset-initializer", "model-initializer")
     for patch in spec.get("runtimePatches") or []:
-        jobs = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
+        jobs = dig(patch, "trainingRuntimeSpec", "template", "spec", "replicatedJobs") or []
         for job in jobs:
-            containers = ((((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+            containers = dig(job, "template", "spec", "template", "spec", "containers") or []
             for container in containers:
                 if container.get("name") in rejected and container.get("env"):
                     errors.append(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import OwnershipError
-from ..spec import LABEL_DIGEST, LABEL_RUN, LABEL_TASK, ApiVersion, TrainJobInputs
+from ..spec import LABEL_DIGEST, LABEL_RUN, LABEL_TASK, ApiVersion, TrainJobInputs, dig
 
 
 class Phase(str, enum.Enum):
@@ -82,8 +82,8 @@ class RuntimeInfo:
         spec = runtime.get("spec") or {}
         nodes = num_nodes or int((spec.get("mlPolicy") or {}).get("numNodes") or 1)
         jobs = []
-        for rj in ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
-            parallelism = ((rj.get("template") or {}).get("spec") or {}).get("parallelism")
+        for rj in dig(spec, "template", "spec", "replicatedJobs") or []:
+            parallelism = dig(rj, "template", "spec", "parallelism")
             jobs.append((str(rj.get("name")), nodes if rj.get("name") == "node" else int(parallelism or 1)))
         return cls(
             name=name,

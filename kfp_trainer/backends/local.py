@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 
 from ..errors import RuntimeNotFoundError, UserError, ValidationError
-from ..spec import TrainJobInputs
+from ..spec import TrainJobInputs, dig
 from ..storage import fetch, redact
 from .base import Blocker, JobRef, JobStatus, LogLine, LogSink, Phase, RuntimeInfo, Submission, check_ownership, trainjob_status
 
@@ -187,9 +187,9 @@ class LocalBackend:
 
     @staticmethod
     def _node_container(runtime: dict[str, Any]) -> dict[str, Any]:
-        for rj in (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
+        for rj in dig(runtime, "spec", "template", "spec", "replicatedJobs") or []:
             if rj.get("name") == "node":
-                for c in (((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
+                for c in dig(rj, "template", "spec", "template", "spec", "containers") or []:
                     if c.get("name") == "node":
                         return c
         return {}
