@@ -99,21 +99,26 @@ class _Printer:
 
 
 @contextlib.contextmanager
-def cancel_on_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGINT into :class:`CancelledError` in the main thread while inside."""
+def _on_stop_signals(handler: Any) -> Iterator[None]:
+    """Handle SIGTERM and SIGINT with ``handler`` while inside (main thread only), then restore."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, _frame: Any) -> None:
-        raise CancelledError(f"received {signal.Signals(signum).name}: the run was cancelled")
-
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def cancel_on_signals() -> contextlib.AbstractContextManager[None]:
+    """Turn SIGTERM and SIGINT into :class:`CancelledError` in the main thread while inside."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise CancelledError(f"received {signal.Signals(signum).name}: the run was cancelled")
+
+    return _on_stop_signals(handler)
 
 
 class Launcher:
@@ -196,7 +201,7 @@ class Launcher:
 
     def _delete(self, ref: JobRef) -> None:
         # Deleting must finish even if a second SIGTERM arrives.
-        with _signals_ignored():
+        with _on_stop_signals(signal.SIG_IGN):
             try:
                 self.backend.delete(ref)
             except Exception as e:  # report, but do not hide the original error
@@ -307,16 +312,3 @@ class Launcher:
         if blockers:
             report = "Blockers:\n" + "\n".join(f"  {b}" for b in blockers) + ("\n\n" + report if report else "")
         return report + "\n\nInspect with:\n" + self.backend.inspect_hint(ref)
-
-
-@contextlib.contextmanager
-def _signals_ignored() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
