@@ -230,49 +230,55 @@ def cmd_run(ns: argparse.Namespace) -> int:
     print(f"[kfp-trainer] running pipeline {pipeline.name} locally; outputs in {out}", flush=True)
     pipeline(**params)
     print(f"[kfp-trainer] pipeline {pipeline.name} finished in {time.monotonic() - started:.0f}s", flush=True)
-    print(summarize_outputs(out / "artifacts", getattr(module, "TASK_LABELS", None)))
+    outputs = task_outputs(out / "artifacts")
+    print(summarize_outputs(outputs, getattr(module, "TASK_LABELS", None)))
     compare = getattr(module, "COMPARE", None)
     if compare:
-        print(before_after(out / "artifacts", labels=getattr(module, "TASK_LABELS", None), **compare))
+        print(before_after(outputs, labels=getattr(module, "TASK_LABELS", None), **compare))
     return 0
 
 
-def summarize_outputs(root: Any, labels: dict[str, str] | None = None) -> str:
+def task_outputs(root: Any) -> list[tuple[str, dict[str, Any]]]:
+    """``(task, executor output)`` of each task of a kfp.local run under ``root``, in finishing order."""
+    from pathlib import Path
+
+    paths = sorted(Path(root).glob("*/*/executor_output.json"), key=lambda p: p.stat().st_mtime)
+    return [(path.parent.name, json.loads(path.read_text())) for path in paths]
+
+
+def summarize_outputs(outputs: list[tuple[str, dict[str, Any]]], labels: dict[str, str] | None = None) -> str:
     """What a local run produced, per task: metrics, verdicts, models, reports.
 
-    Reads each task's ``executor_output.json`` under ``root`` (the kfp.local pipeline root);
-    ``labels`` names tasks for people (e.g. ``{"evaluate-model": "base model"}``).
+    ``outputs`` comes from :func:`task_outputs`; ``labels`` names tasks for people
+    (e.g. ``{"evaluate-model": "base model"}``).
     """
     from pathlib import Path
 
     labels = labels or {}
     lines = []
-    outputs = sorted(Path(root).glob("*/*/executor_output.json"), key=lambda p: p.stat().st_mtime)
-    for path in outputs:
-        task = path.parent.name
+    for task, data in outputs:
         shown = f"{task} ({labels[task]})" if task in labels else task
-        data = json.loads(path.read_text())
         for name, value in (data.get("parameterValues") or {}).items():
             lines.append(f"  {shown:<40} {name} = {value}")
         for name, group in (data.get("artifacts") or {}).items():
             for artifact in group.get("artifacts") or []:
                 metadata = artifact.get("metadata") or {}
-                if name == "metrics" or "metrics" in name:
+                if "metrics" in name:
                     numbers = ", ".join(f"{k}={v:.4g}" for k, v in metadata.items() if isinstance(v, (int, float)))
                     lines.append(f"  {shown:<40} {name}: {numbers}")
                 elif Path(artifact.get("uri", "")).exists():
                     lines.append(f"  {shown:<40} {name}: {artifact['uri']}")
-    return "Outputs:\n" + "\n".join(lines) if lines else f"No task outputs under {root}"
+    return "Outputs:\n" + "\n".join(lines) if lines else "No task outputs"
 
 
-def before_after(root: Any, *, metric: str, before: str, after: str, labels: dict[str, str] | None = None) -> str:
+def before_after(
+    outputs: list[tuple[str, dict[str, Any]]], *, metric: str, before: str, after: str, labels: dict[str, str] | None = None
+) -> str:
     """One line comparing ``metric`` of two tasks' Metrics outputs (e.g. base vs fine-tuned)."""
-    from pathlib import Path
-
     values = {}
-    for task in (before, after):
-        for path in Path(root).glob(f"*/{task}/executor_output.json"):
-            for group in (json.loads(path.read_text()).get("artifacts") or {}).values():
+    for task, data in outputs:
+        if task in (before, after):
+            for group in (data.get("artifacts") or {}).values():
                 for artifact in group.get("artifacts") or []:
                     if metric in (artifact.get("metadata") or {}):
                         values[task] = artifact["metadata"][metric]
