@@ -208,7 +208,7 @@ class Backend(Protocol):
         ...
 
     def delete(self, ref: JobRef, *, wait: float = 30.0) -> None:
-        """Delete the job and what it owns (foreground); no error if already gone."""
+        """Delete the job and what it owns; no error if already gone."""
         ...
 
     def inspect_hint(self, ref: JobRef) -> str:

@@ -370,7 +370,14 @@ class KubernetesBackend:
         return "\n\n".join(parts)
 
     def delete(self, ref: JobRef, *, wait: float = 30.0) -> None:
-        """Delete the TrainJob with foreground propagation and wait (up to ``wait`` s) until gone."""
+        """Delete the TrainJob (background propagation) and wait (up to ``wait`` s) until it is gone.
+
+        Background, not foreground: the Trainer controller does not skip a TrainJob that is
+        being deleted, so while the garbage collector removes the JobSet of a TrainJob held by
+        a foreground-deletion finalizer, the controller creates the JobSet again, over and over.
+        With background propagation the TrainJob is gone at once and its JobSet, Jobs and pods
+        are collected after it.
+        """
         try:
             call(
                 self.custom.delete_namespaced_custom_object,
@@ -379,7 +386,7 @@ class KubernetesBackend:
                 ref.namespace,
                 PLURAL,
                 ref.name,
-                propagation_policy="Foreground",
+                propagation_policy="Background",
                 what=f"delete TrainJob {ref}",
                 policy=RetryPolicy(attempts=3),
             )
@@ -394,7 +401,7 @@ class KubernetesBackend:
             if ref.uid and obj["metadata"].get("uid") != ref.uid:
                 return
             time.sleep(0.5)
-        log.warning("TrainJob %s still being deleted after %.0fs (foreground deletion waits for its pods)", ref, wait)
+        log.warning("TrainJob %s still being deleted after %.0fs", ref, wait)
 
     def inspect_hint(self, ref: JobRef) -> str:
         """Kubectl commands to look at the job."""

@@ -451,7 +451,7 @@ def test_sigterm_cancels_and_deletes_the_job(cluster, api_client, namespace, tra
     assert proc.returncode == CancelledError.exit_code, output
     assert f"deleting TrainJob {namespace}/{name}" in output
     assert get_trainjob(api_client, namespace, name) is None
-    # Foreground deletion: the Jobs the TrainJob owned are gone too.
+    # The Jobs the TrainJob owned are garbage-collected after it.
     batch = client.BatchV1Api(api_client)
     wait_for(lambda: not batch.list_namespaced_job(namespace).items, what="owned Jobs garbage-collected")
 
