@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from .errors import KfpTrainerError
+from .errors import KfpTrainerError, UserError
+from .redaction import redact_text
 from .spec import TrainJobInputs
 
 # Flags that map one-to-one onto TrainJobInputs fields (flag name = field with dashes).
@@ -61,11 +62,37 @@ _JSON = (
 )
 
 
+MAX_INPUTS_FILE_BYTES = 8 * 2**20
+
+
 def _json_value(text: str) -> Any:
+    """A JSON (or YAML) flag value; a clear argparse error (exit 2) when it is neither."""
     try:
         return json.loads(text)
     except ValueError:
+        pass
+    except RecursionError:
+        raise argparse.ArgumentTypeError("nested too deeply") from None
+    try:
         return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON or YAML: {_yaml_problem(e)}") from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError("nested too deeply") from None
+
+
+def _whole_number(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a whole number") from None
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """What is wrong and where, without echoing the document (it may hold secrets)."""
+    problem = getattr(error, "problem", None) or type(error).__name__
+    mark = getattr(error, "problem_mark", None)
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else str(problem)
 
 
 def _add_inputs(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +100,7 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
     for field in _SIMPLE:
         group.add_argument("--" + field.replace("_", "-"), dest=field)
     for field in _INT:
-        group.add_argument("--" + field.replace("_", "-"), dest=field, type=int)
+        group.add_argument("--" + field.replace("_", "-"), dest=field, type=_whole_number, metavar="N")
     for field in _JSON:
         group.add_argument("--" + field.replace("_", "-"), dest=field, type=_json_value, metavar="JSON")
     group.add_argument("--num-proc-per-node", dest="num_proc_per_node")
@@ -85,36 +112,74 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--inputs-file", help="YAML/JSON file of inputs; flags override it")
 
 
-def _split(text: str | None) -> list[str] | None:
+def _split(flag: str, text: str | None) -> list[str] | None:
     if text is None:
         return None
-    if text.startswith("["):
-        return [str(x) for x in json.loads(text)]
-    return [part for part in text.split(",") if part]
+    if not text.startswith("["):
+        return [part for part in text.split(",") if part]
+    try:
+        items = json.loads(text)
+    except (ValueError, RecursionError):
+        raise UserError(f"--{flag}: not a valid JSON list; give a JSON list of strings or comma-separated values") from None
+    if not isinstance(items, list) or not all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in items):
+        raise UserError(f"--{flag}: expected a JSON list of strings (or numbers)")
+    return [x if isinstance(x, str) else json.dumps(x) for x in items]
+
+
+def load_inputs_file(path: str) -> dict[str, Any]:
+    """The inputs in a YAML/JSON file, or a :class:`UserError` saying what is wrong with it.
+
+    Only plain YAML is read (``yaml.safe_load``: no ``!!python/...`` tags); the file must be
+    UTF-8 text holding a map of input names.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_INPUTS_FILE_BYTES + 1)
+    except OSError as e:
+        raise UserError(f"--inputs-file {path}: cannot read it ({e.strerror or type(e).__name__})") from None
+    if len(data) > MAX_INPUTS_FILE_BYTES:
+        raise UserError(f"--inputs-file {path}: larger than {MAX_INPUTS_FILE_BYTES // 2**20} MiB")
+    if b"\0" in data:
+        raise UserError(f"--inputs-file {path}: not a text file (it contains NUL bytes)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"--inputs-file {path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UserError(f"--inputs-file {path}: not valid YAML or JSON: {_yaml_problem(e)}") from None
+    except RecursionError:
+        raise UserError(f"--inputs-file {path}: nested too deeply") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
+        raise UserError(f"--inputs-file {path}: expected a map of input names to values, got a {type(loaded).__name__}")
+    return loaded
 
 
 def inputs_from_args(ns: argparse.Namespace) -> TrainJobInputs:
     """Collect TrainJobInputs from parsed flags (and ``--inputs-file``)."""
-    given: dict[str, Any] = {}
-    if ns.inputs_file:
-        with open(ns.inputs_file) as f:
-            given.update(yaml.safe_load(f) or {})
+    given: dict[str, Any] = load_inputs_file(ns.inputs_file) if ns.inputs_file else {}
     for field in (*_SIMPLE, *_INT, *_JSON, "num_proc_per_node", "suspend"):
         value = getattr(ns, field)
         if value is not None:
             given[field] = value
     for field in ("command", "args", "image_pull_secrets"):
         if getattr(ns, field) is not None:
-            given[field] = _split(getattr(ns, field))
+            given[field] = _split(field.replace("_", "-"), getattr(ns, field))
     if ns.env:
-        env = dict(given.get("env") or {})
+        env = given.get("env") or {}
+        if not isinstance(env, dict):
+            raise UserError("--env: cannot be combined with an env list in --inputs-file; give env as a map there")
+        env = dict(env)
         for item in ns.env:
             key, sep, value = item.partition("=")
             if not sep:
-                raise SystemExit(f"--env {item!r}: expected NAME=VALUE")
+                raise UserError(f"--env {redact_text(item)!r}: expected NAME=VALUE")
             env[key] = value
         given["env"] = env
-    if isinstance(given.get("num_proc_per_node"), str) and given["num_proc_per_node"].isdigit():
+    if isinstance(given.get("num_proc_per_node"), str) and given["num_proc_per_node"].isascii() and given["num_proc_per_node"].isdigit():
         given["num_proc_per_node"] = int(given["num_proc_per_node"])
     return TrainJobInputs.parse(**given)
 
@@ -129,7 +194,7 @@ def cmd_render(ns: argparse.Namespace) -> int:
 
         backend = KubernetesBackend.from_config(ns.kubeconfig)
         info = backend.resolve_runtime(inputs.model_copy(update={"namespace": inputs.namespace or backend.default_namespace()}))
-        manifest = render(inputs, api_version=info.api_version, runtime_jobs=info.job_names)
+        manifest = render(inputs, api_version=info.api_version, runtime_jobs=info.job_names, allow_host_access=info.allow_host_access)
     else:
         manifest = render(inputs, api_version=ns.api_version)
     yaml.safe_dump(manifest, sys.stdout, sort_keys=False)
@@ -139,8 +204,10 @@ def cmd_render(ns: argparse.Namespace) -> int:
 def cmd_launch(ns: argparse.Namespace) -> int:
     """Run one TrainJob to its end and print a summary."""
     from .launcher import Launcher, LaunchOptions
+    from .spec import check_launch_options
 
     inputs = inputs_from_args(ns)
+    check_launch_options(start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, logs=ns.logs)
     if ns.local:
         from .backends.local import LocalBackend
 

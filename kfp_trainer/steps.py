@@ -26,6 +26,7 @@ from typing import Any
 
 from . import naming
 from .errors import UserError, ValidationError
+from .redaction import scrub
 
 _UNRESOLVED = "{{$."
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -189,7 +190,7 @@ def model_metadata(model_dir: str | Path, **known: Any) -> dict[str, Any]:
         if key in info:
             meta[key] = info[key]
     meta.update({k: v for k, v in known.items() if v not in (None, "")})
-    return meta
+    return scrub(meta)  # e.g. a base model URI with credentials, from an upstream artifact
 
 
 # --------------------------------------------------------------------------- train_job
@@ -207,7 +208,7 @@ def _shared_copy(artifact: Any, shared_root: str | None) -> str | None:
     if artifact is None or not shared_root:
         return None
     where = (getattr(artifact, "metadata", None) or {}).get("workspace_path")
-    if isinstance(where, str) and where.startswith(shared_root.rstrip("/") + "/") and Path(where).exists():
+    if isinstance(where, str) and where.startswith(shared_root.rstrip("/") + "/") and ".." not in where.split("/") and Path(where).exists():
         return where
     return None
 
@@ -294,7 +295,7 @@ def run_train_job(
     from .backends import select_backend
     from .launcher import Launcher, LaunchOptions
     from .report import outcome_data, render_html
-    from .spec import TrainJobInputs, validate
+    from .spec import TrainJobInputs, check_launch_options, validate
     from .staging import choose_shared_root, plan_paths
     from .taskconfig import merge_task_config
 
@@ -306,6 +307,10 @@ def run_train_job(
     given.update({k: v for k, v in (("run_id", run_id), ("task_name", task_name), ("pipeline_name", pipeline_name)) if v})
     if unresolved(workspace_path):
         workspace_path = ""
+    check_launch_options(
+        start_timeout=start_timeout, run_timeout=run_timeout, logs=logs, backend=backend or "auto",
+        workspace_path=workspace_path, delete_after_success=delete_after_success,
+    )
     merged = merge_task_config(given, task_config)
     chosen = (backend_factory or select_backend)(backend or "auto")
     local = bool(getattr(chosen, "local", False))
