@@ -153,8 +153,11 @@ def load_inputs_file(path: str) -> dict[str, Any]:
         raise UserError(f"--inputs-file {path}: nested too deeply") from None
     if loaded is None:
         return {}
-    if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
+    if not isinstance(loaded, dict):
         raise UserError(f"--inputs-file {path}: expected a map of input names to values, got a {type(loaded).__name__}")
+    odd = [k for k in loaded if not isinstance(k, str)]
+    if odd:
+        raise UserError(f"--inputs-file {path}: keys must be input names (text), got {odd[0]!r}")
     return loaded
 
 

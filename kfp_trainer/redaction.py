@@ -198,27 +198,36 @@ def _is_env_item(value: dict[Any, Any]) -> bool:
     return isinstance(value.get("name"), str) and "value" in value and set(value) <= {"name", "value", "valueFrom"}
 
 
-def scrub(value: Any, *, _depth: int = 0) -> Any:
+def scrub(value: Any, *, limit: int = 2000) -> Any:
     """A copy of ``value`` fit to show: secret-like keys and env items hidden, text redacted.
+
+    At most ``limit`` values are copied (``"..."`` stands for the rest), so a huge or
+    self-referencing value costs little.
 
     Example:
         >>> scrub({"HF_TOKEN": "abc", "env": [{"name": "PASSWORD", "value": "x"}], "uri": "s3://k:s@b/p"})
         {'HF_TOKEN': '<hidden>', 'env': [{'name': 'PASSWORD', 'value': '<hidden>'}], 'uri': 's3://***@b/p'}
     """
-    if _depth > _MAX_SCRUB_DEPTH:
-        return "..."
-    if isinstance(value, str):
-        return redact_text(value)
-    if isinstance(value, dict):
-        if _is_env_item(value) and is_secret_name(value["name"]) and not harmless_literal(value["value"]):
-            return {**{k: scrub(v, _depth=_depth + 1) for k, v in value.items()}, "value": HIDDEN}
-        return {
-            k: HIDDEN if is_secret_name(k) and not harmless_literal(v) and not isinstance(v, (dict, list)) else scrub(v, _depth=_depth + 1)
-            for k, v in value.items()
-        }
-    if isinstance(value, (list, tuple)):
-        return type(value)(scrub(v, _depth=_depth + 1) for v in value)
-    return value
+    budget = [limit]
+
+    def copy(item: Any, depth: int) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0 or depth > _MAX_SCRUB_DEPTH:
+            return "..."
+        if isinstance(item, str):
+            return redact_text(item)
+        if isinstance(item, dict):
+            hide_value = _is_env_item(item) and is_secret_name(item["name"]) and not harmless_literal(item["value"])
+            out = {}
+            for k, v in item.items():
+                secret_key = is_secret_name(k) and not harmless_literal(v) and not isinstance(v, (dict, list))
+                out[k] = HIDDEN if secret_key or (hide_value and k == "value") else copy(v, depth + 1)
+            return out
+        if isinstance(item, (list, tuple)):
+            return type(item)(copy(v, depth + 1) for v in item)
+        return item
+
+    return copy(value, 0)
 
 
 def _path_names(field: str) -> list[str]:

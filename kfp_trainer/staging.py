@@ -197,7 +197,7 @@ def choose_shared_root(workspace_path: str, volume_mounts: list[dict[str, Any]] 
     pvcs = {v.get("name") for v in volumes if isinstance(v, Mapping) and v.get("persistentVolumeClaim") and isinstance(v.get("name"), str)}
     for mount in mounts:
         path = mount.get("mountPath")
-        if isinstance(mount.get("name"), str) and mount["name"] in pvcs and not mount.get("readOnly") and isinstance(path, str) and path.startswith("/"):
-            if ".." not in path.split("/"):
-                return path.rstrip("/")
+        named = isinstance(mount.get("name"), str) and mount["name"] in pvcs
+        if named and not mount.get("readOnly") and isinstance(path, str) and path.startswith("/") and ".." not in path.split("/"):
+            return path.rstrip("/")
     return None
