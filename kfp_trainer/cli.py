@@ -63,6 +63,8 @@ _JSON = (
 
 
 MAX_INPUTS_FILE_BYTES = 8 * 2**20
+# Plain YAML only (no !!python/... tags); libyaml's loader when present, it is much faster.
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _json_value(text: str) -> Any:
@@ -74,7 +76,7 @@ def _json_value(text: str) -> Any:
     except RecursionError:
         raise argparse.ArgumentTypeError("nested too deeply") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as e:
         raise argparse.ArgumentTypeError(f"not valid JSON or YAML: {_yaml_problem(e)}") from None
     except RecursionError:
@@ -146,7 +148,7 @@ def load_inputs_file(path: str) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise UserError(f"--inputs-file {path}: not UTF-8 text (byte {e.start})") from None
     try:
-        loaded = yaml.safe_load(text)
+        loaded = yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as e:
         raise UserError(f"--inputs-file {path}: not valid YAML or JSON: {_yaml_problem(e)}") from None
     except RecursionError:

@@ -57,7 +57,10 @@ _REFERENCES = {
 _TOKENIZER = {"PAD", "EOS", "BOS", "UNK", "SEP", "CLS", "MASK", "START", "END", "STOP", "SPECIAL", "EOT", "IMAGE"}
 _NOT_SECRET = {"PWD", "OLDPWD", "PASS", "TOKEN_ID"}
 
-_URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@\s]*@)")
+# scheme://user:password@ -- the password may hold '/' (S3 secret keys do; people paste them unencoded)
+_URI_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^?#@\s/]*(?::[^?#@\s]*)?@)")
+# user:password@host without a scheme (image references, connection strings)
+_BARE_CREDENTIALS = re.compile(r"(?<![\w.%+:/-])(?!mailto:)(?P<user>[\w.%+-]+):(?P<password>[^\s/@:]+)@(?=[A-Za-z0-9])")
 _TOKEN_FORMATS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("a Hugging Face token", re.compile(r"\bhf_[A-Za-z0-9]{30,}")),
     ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA)[A-Z0-9]{16}\b")),
@@ -155,8 +158,10 @@ def find_secret(text: Any) -> str | None:
         return None
     for match in _URI_CREDENTIALS.finditer(text):
         userinfo = match.group("userinfo")[:-1]
-        if ":" in userinfo or len(userinfo) >= 20:
+        if ":" in userinfo or len(userinfo) >= 20:  # user:password, or a token as the user
             return "a credential in a URI"
+    if _BARE_CREDENTIALS.search(text):
+        return "a user:password@host credential"
     for what, pattern in _TOKEN_FORMATS:
         if pattern.search(text):
             return what
@@ -164,13 +169,14 @@ def find_secret(text: Any) -> str | None:
 
 
 def redact_uri(uri: str) -> str:
-    """``uri`` without its ``user:password@`` part.
+    """``uri`` without its ``user:password@`` part (also in ``user:password@host`` without a scheme).
 
     Example:
-        >>> redact_uri("s3://key:secret@bucket/data")
-        's3://***@bucket/data'
+        >>> redact_uri("s3://key:secret@bucket/data"), redact_uri("me:pw@registry.example.com/img")
+        ('s3://***@bucket/data', '***@registry.example.com/img')
     """
-    return _URI_CREDENTIALS.sub(lambda m: m.group("scheme") + MASK + "@", uri)
+    masked = _URI_CREDENTIALS.sub(lambda m: m.group("scheme") + MASK + "@", uri)
+    return _BARE_CREDENTIALS.sub(MASK + "@", masked)
 
 
 def redact_text(text: str) -> str:
@@ -198,6 +204,13 @@ def _is_env_item(value: dict[Any, Any]) -> bool:
     return isinstance(value.get("name"), str) and "value" in value and set(value) <= {"name", "value", "valueFrom"}
 
 
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters *after* redacting a little more, so no secret is cut in half."""
+    if len(text) <= limit:
+        return redact_text(text)
+    return redact_text(text[: limit + 512])[: max(limit - 3, 0)] + "..."
+
+
 def scrub(value: Any, *, limit: int = 2000) -> Any:
     """A copy of ``value`` fit to show: secret-like keys and env items hidden, text redacted.
 
@@ -215,12 +228,12 @@ def scrub(value: Any, *, limit: int = 2000) -> Any:
         if budget[0] < 0 or depth > _MAX_SCRUB_DEPTH:
             return "..."
         if isinstance(item, str):
-            return redact_text(item)
+            return shorten(item, 4096)
         if isinstance(item, dict):
             hide_value = _is_env_item(item) and is_secret_name(item["name"]) and not harmless_literal(item["value"])
             out = {}
             for k, v in item.items():
-                secret_key = is_secret_name(k) and not harmless_literal(v) and not isinstance(v, (dict, list))
+                secret_key = is_secret_name(k) and not harmless_literal(v) and not isinstance(v, dict)
                 out[k] = HIDDEN if secret_key or (hide_value and k == "value") else copy(v, depth + 1)
             return out
         if isinstance(item, (list, tuple)):

@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .redaction import redact_text
+from .redaction import redact_text, shorten
 
 MAX_POINTS = 400  # per curve, after downsampling
 MAX_CHARTS = 12
@@ -48,9 +48,7 @@ svg text{font-size:10px;fill:#5f6368}
 
 
 def _esc(value: Any, limit: int = MAX_TEXT) -> str:
-    text = "" if value is None else redact_text(str(value))
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
+    text = "" if value is None else shorten(str(value), limit)
     return html.escape(text, quote=True)
 
 

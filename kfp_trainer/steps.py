@@ -295,7 +295,7 @@ def run_train_job(
     from .backends import select_backend
     from .launcher import Launcher, LaunchOptions
     from .report import outcome_data, render_html
-    from .spec import TrainJobInputs, check_launch_options, validate
+    from .spec import TrainJobInputs, check_launch_options
     from .staging import choose_shared_root, plan_paths
     from .taskconfig import merge_task_config
 
@@ -331,16 +331,6 @@ def run_train_job(
     )
     merged.update(plan.values)
     parsed = TrainJobInputs.parse(**merged)
-    validate(parsed, api_version=None, local=local)  # every input problem before any copy or API call
-
-    for src, dst in plan.stage_in:
-        if stage(src, dst):
-            log(f"staged {src} -> {dst} (shared with the TrainJob's pods)")
-        else:
-            log(f"{dst} was staged by an earlier try; using it")
-    if plan.stage_out:
-        shared_dir(plan.stage_out[0])
-    Path(output_model.path).mkdir(parents=True, exist_ok=True)
 
     def submitted(ref: Any) -> None:
         Path(trainjob_path).parent.mkdir(parents=True, exist_ok=True)
@@ -351,7 +341,19 @@ def run_train_job(
         # the model lives on the shared volume or in the artifact, not in the TrainJob: safe to delete
         delete_after_success=bool(delete_after_success),
     )
-    outcome = Launcher(chosen, options, on_submitted=submitted).run(parsed)
+    launcher = Launcher(chosen, options, on_submitted=submitted)
+    # Every input problem -- the runtime's Trainer version and host-access policy included -- before any copy or write.
+    launcher.prepare(parsed)
+
+    for src, dst in plan.stage_in:
+        if stage(src, dst):
+            log(f"staged {src} -> {dst} (shared with the TrainJob's pods)")
+        else:
+            log(f"{dst} was staged by an earlier try; using it")
+    if plan.stage_out:
+        shared_dir(plan.stage_out[0])
+    Path(output_model.path).mkdir(parents=True, exist_ok=True)
+    outcome = launcher.run(parsed)
     submitted(outcome.ref)
 
     if plan.stage_out:

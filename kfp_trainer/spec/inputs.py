@@ -203,11 +203,13 @@ def _type_errors(error: pydantic.ValidationError, given: dict[str, Any]) -> list
         if field in _ENV_FIELDS:
             # Report the branch that fits the value's shape, or one summary for neither shape.
             branch = "dict" if isinstance(value, dict) else "list" if isinstance(value, list) else ""
-            if not branch or not rest or not rest[0].startswith(branch):
+            if not branch:
                 if field not in seen:
                     seen.add(field)
                     out.append(ValidationError(field, value, _ENV_EXPECTED))
                 continue
+            if not rest or not rest[0].startswith(branch):
+                continue  # the other shape's complaint: not what the user meant
             rest = rest[1:]
         elif rest and not rest[0].isdigit() and rest[0].startswith(("int", "str", "constrained-str", "function-")):
             rest = rest[1:]  # a union member's tag

@@ -19,7 +19,10 @@ from .inputs import (
     DATASET_SCHEMES,
     INITIALIZER_JOBS,
     INT64_MAX,
+    LABEL_MANAGED_BY,
+    LABEL_PREFIX,
     LOCAL_SCHEMES,
+    MAX_ANNOTATIONS_BYTES,
     MAX_LIST_ITEMS,
     MAX_NODES,
     MAX_PROC_PER_NODE,
@@ -232,7 +235,20 @@ def validate(
     e += _check_trainer(inputs, api_version)
     e += _check_initializers(inputs, local)
     for field, label_values in (("labels", True), ("pod_labels", True), ("annotations", False), ("pod_annotations", False)):
-        e += rules.check_map(field, getattr(inputs, field), label_values=label_values)
+        values = getattr(inputs, field)
+        e += rules.check_map(field, values, label_values=label_values)
+        size = sum(len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) for k, v in values.items())
+        if not label_values and size > MAX_ANNOTATIONS_BYTES:
+            e.append(
+                ValidationError(field, rules.size_text(size), f"annotations of at most {rules.size_text(MAX_ANNOTATIONS_BYTES)} in all")
+            )
+        for key in values:
+            if key.startswith(LABEL_PREFIX) or key == LABEL_MANAGED_BY:
+                e.append(
+                    ValidationError(
+                        f"{field}[{key!r}]", key, f"a key outside {LABEL_PREFIX} and {LABEL_MANAGED_BY} (the launcher's lineage)"
+                    )
+                )
     for field in ("volumes", "volume_mounts", "tolerations", "affinity", "patch"):
         e += rules.check_structure(field, getattr(inputs, field))
     e += _check_volumes(inputs, allow_host_access) + _check_scheduling(inputs)
