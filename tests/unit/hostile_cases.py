@@ -67,7 +67,11 @@ def patch_node(spec: dict[str, Any], *, containers: list[dict[str, Any]] | None 
     if containers is not None:
         pod_spec["containers"] = containers
     job = {"name": "node", "template": {"spec": {"template": {"spec": pod_spec}}}}
-    return {"spec": {"runtimePatches": [{"manager": "example.com/me", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job]}}}}]}}
+    return {
+        "spec": {
+            "runtimePatches": [{"manager": "example.com/me", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job]}}}}]
+        }
+    }
 
 
 def sidecar(**fields: Any) -> dict[str, Any]:
@@ -207,8 +211,9 @@ CASES: list[Case] = [
                 {"name": "CONFIG", "value": "a: 1\n\tb: 2\n"},
             ]
         },
-        check=lambda m: [e.get("value") for e in trainer(m)["env"]]
-        == [None, "<pad>", "512", "/var/secrets/google/key.json", "a: 1\n\tb: 2\n"],
+        check=lambda m: (
+            [e.get("value") for e in trainer(m)["env"]] == [None, "<pad>", "512", "/var/secrets/google/key.json", "a: 1\n\tb: 2\n"]
+        ),
     ),
     # ------------------------------------------------------------------ node counts and resources
     Case("num-nodes-zero", {"num_nodes": 0}, "num_nodes", layers=NO_COMPONENT),
@@ -234,7 +239,11 @@ CASES: list[Case] = [
     Case("memory-over-64-bits", {"resources_per_node": {"limits": {"memory": "9Ei"}}}, "resources_per_node.limits['memory']"),
     Case("memory-trailing-newline", {"resources_per_node": {"limits": {"memory": "16Gi\n"}}}, "resources_per_node.limits['memory']"),
     Case("gpu-boolean", {"resources_per_node": {"limits": {"nvidia.com/gpu": True}}}, "resources_per_node.limits['nvidia.com/gpu']"),
-    Case("requests-over-limits", {"resources_per_node": {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}}, "resources_per_node.requests['cpu']"),
+    Case(
+        "requests-over-limits",
+        {"resources_per_node": {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}},
+        "resources_per_node.requests['cpu']",
+    ),
     Case("limits-not-a-map", {"resources_per_node": {"limits": ["cpu"]}}, "resources_per_node.limits"),
     Case(
         "resources-at-the-limits",
@@ -262,11 +271,13 @@ CASES: list[Case] = [
     Case(
         "initializers-by-reference",
         {"dataset_uri": "hf://tatsu-lab/alpaca@main", "dataset_secret": "hf-token", "model_uri": "s3://models/v1.2/qwen"},
-        check=lambda m: m["spec"]["initializer"]
-        == {
-            "dataset": {"storageUri": "hf://tatsu-lab/alpaca@main", "secretRef": {"name": "hf-token"}},
-            "model": {"storageUri": "s3://models/v1.2/qwen"},
-        },
+        check=lambda m: (
+            m["spec"]["initializer"]
+            == {
+                "dataset": {"storageUri": "hf://tatsu-lab/alpaca@main", "secretRef": {"name": "hf-token"}},
+                "model": {"storageUri": "s3://models/v1.2/qwen"},
+            }
+        ),
     ),
     # ------------------------------------------------------------------ labels and annotations
     Case("label-value-newline", {"labels": {"team": "nlp\n"}}, "labels['team']"),
@@ -277,13 +288,17 @@ CASES: list[Case] = [
     Case("annotation-nul", {"annotations": {"example.com/note": "a\x00b"}}, "annotations['example.com/note']"),
     Case("annotation-secret-key", {"annotations": {"example.com/api-token": PLAIN}}, "annotations['example.com/api-token']"),
     Case("annotation-aws-key-value", {"annotations": {"example.com/note": AWS_ID}}, "annotations['example.com/note']"),
-    Case("pod-annotation-secret", {"pod_annotations": {"vault.example.com/password": PLAIN}}, "pod_annotations['vault.example.com/password']"),
+    Case(
+        "pod-annotation-secret", {"pod_annotations": {"vault.example.com/password": PLAIN}}, "pod_annotations['vault.example.com/password']"
+    ),
     Case("annotations-over-256-kib", {"annotations": {f"example.com/n{i}": "x" * 100_000 for i in range(3)}}, "annotations"),
     Case(
         "annotations-free-text",
         {"annotations": {"example.com/note": "line 1\nline 2", "example.com/token-file": "/var/run/t"}},
-        check=lambda m: at(m, "spec", "runtimePatches", 0, "trainingRuntimeSpec", "template", "metadata", "annotations")
-        == {"example.com/note": "line 1\nline 2", "example.com/token-file": "/var/run/t"},
+        check=lambda m: (
+            at(m, "spec", "runtimePatches", 0, "trainingRuntimeSpec", "template", "metadata", "annotations")
+            == {"example.com/note": "line 1\nline 2", "example.com/token-file": "/var/run/t"}
+        ),
     ),
     # ------------------------------------------------------------------ pod settings
     Case("volume-host-path", {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "volumes[0].hostPath"),
@@ -298,9 +313,15 @@ CASES: list[Case] = [
     Case("volume-nan-inside", {"volumes": [{"name": "v", "emptyDir": {"sizeLimit": float("nan")}}]}, "volumes[0].emptyDir.sizeLimit"),
     Case("volume-nested-deep", {"volumes": [{"name": "v", "csi": _deep(100)}]}, "volumes"),
     Case("volumes-as-map", {"volumes": {"name": "v"}}, "volumes"),
-    Case("mount-dot-dot", {"volumes": [PVC], "volume_mounts": [{"name": "data", "mountPath": "/data/../etc"}]}, "volume_mounts[0].mountPath"),
+    Case(
+        "mount-dot-dot", {"volumes": [PVC], "volume_mounts": [{"name": "data", "mountPath": "/data/../etc"}]}, "volume_mounts[0].mountPath"
+    ),
     Case("mount-relative", {"volumes": [PVC], "volume_mounts": [{"name": "data", "mountPath": "data"}]}, "volume_mounts[0].mountPath"),
-    Case("mount-sub-path-escape", {"volumes": [PVC], "volume_mounts": [{"name": "data", "mountPath": "/d", "subPath": "../../x"}]}, "volume_mounts[0].subPath"),
+    Case(
+        "mount-sub-path-escape",
+        {"volumes": [PVC], "volume_mounts": [{"name": "data", "mountPath": "/d", "subPath": "../../x"}]},
+        "volume_mounts[0].subPath",
+    ),
     Case(
         "mount-bidirectional",
         {"volumes": [PVC], "volume_mounts": [{"name": "data", "mountPath": "/d", "mountPropagation": "Bidirectional"}]},
@@ -310,11 +331,18 @@ CASES: list[Case] = [
     Case(
         "mount-with-sub-path",
         {"volumes": [PVC], "volume_mounts": [{"name": "data", "mountPath": "/data", "subPath": "runs/1", "readOnly": True}]},
-        check=lambda m: pod(m)["containers"] == [{"name": "node", "volumeMounts": [{"name": "data", "mountPath": "/data", "subPath": "runs/1", "readOnly": True}]}],
+        check=lambda m: (
+            pod(m)["containers"]
+            == [{"name": "node", "volumeMounts": [{"name": "data", "mountPath": "/data", "subPath": "runs/1", "readOnly": True}]}]
+        ),
     ),
     Case("node-selector-newline", {"node_selector": {"pool": "gpu\n"}}, "node_selector['pool']"),
     Case("toleration-operator", {"tolerations": [{"key": "k", "operator": "In"}]}, "tolerations[0].operator"),
-    Case("toleration-seconds-nan", {"tolerations": [{"key": "k", "operator": "Exists", "tolerationSeconds": float("nan")}]}, "tolerations[0].tolerationSeconds"),
+    Case(
+        "toleration-seconds-nan",
+        {"tolerations": [{"key": "k", "operator": "Exists", "tolerationSeconds": float("nan")}]},
+        "tolerations[0].tolerationSeconds",
+    ),
     Case(
         "tolerations-accepted",
         {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 60}]},
@@ -345,19 +373,35 @@ CASES: list[Case] = [
     Case("patch-namespace", {"patch": {"metadata": {"namespace": "kube-system"}}}, "patch.metadata.namespace"),
     Case("patch-name", {"patch": {"metadata": {"name": "someone-elses-job"}}}, "patch.metadata.name"),
     Case("patch-run-label", {"patch": {"metadata": {"labels": {"kfp-trainer.kubeflow.org/run-id": "x"}}}}, "patch.metadata.labels"),
-    Case("patch-digest-label-deleted", {"patch": {"metadata": {"labels": {"kfp-trainer.kubeflow.org/inputs-digest": None}}}}, "patch.metadata.labels"),
+    Case(
+        "patch-digest-label-deleted",
+        {"patch": {"metadata": {"labels": {"kfp-trainer.kubeflow.org/inputs-digest": None}}}},
+        "patch.metadata.labels",
+    ),
     Case("patch-managed-by-label", {"patch": {"metadata": {"labels": {"app.kubernetes.io/managed-by": "me"}}}}, "patch.metadata.labels"),
     Case("patch-new-lineage-label", {"patch": {"metadata": {"labels": {"kfp-trainer.kubeflow.org/owner": "me"}}}}, "patch.metadata.labels"),
-    Case("patch-task-annotation", {"patch": {"metadata": {"annotations": {"kfp-trainer.kubeflow.org/task": "x"}}}}, "patch.metadata.annotations"),
+    Case(
+        "patch-task-annotation",
+        {"patch": {"metadata": {"annotations": {"kfp-trainer.kubeflow.org/task": "x"}}}},
+        "patch.metadata.annotations",
+    ),
     Case("patch-finalizers", {"patch": {"metadata": {"finalizers": ["example.com/never"]}}}, "patch.metadata.finalizers"),
-    Case("patch-owner-references", {"patch": {"metadata": {"ownerReferences": [{"kind": "Pod", "name": "x", "uid": "1", "apiVersion": "v1"}]}}}, "patch.metadata.ownerReferences"),
+    Case(
+        "patch-owner-references",
+        {"patch": {"metadata": {"ownerReferences": [{"kind": "Pod", "name": "x", "uid": "1", "apiVersion": "v1"}]}}},
+        "patch.metadata.ownerReferences",
+    ),
     Case("patch-generate-name", {"patch": {"metadata": {"generateName": "x-"}}}, "patch.metadata.generateName"),
     Case("patch-runtime-ref", {"patch": {"spec": {"runtimeRef": {"name": "privileged-runtime"}}}}, "patch.spec.runtimeRef"),
     Case("patch-managed-by-multikueue", {"patch": {"spec": {"managedBy": "kueue.x-k8s.io/multikueue"}}}, "patch.spec.managedBy"),
     Case("patch-api-version", {"patch": {"apiVersion": "v1", "kind": "Pod"}}, "patch.apiVersion"),
     Case("patch-status", {"patch": {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}}, "patch.status"),
     Case("patch-unknown-spec-field", {"patch": {"spec": {"podSpecOverrides": []}}}, "patch.spec.podSpecOverrides"),
-    Case("patch-v21-overrides-on-v22", {"patch": {"spec": {"podTemplateOverrides": [{"targetJobs": [{"name": "node"}]}]}}}, "patch.spec.podTemplateOverrides"),
+    Case(
+        "patch-v21-overrides-on-v22",
+        {"patch": {"spec": {"podTemplateOverrides": [{"targetJobs": [{"name": "node"}]}]}}},
+        "patch.spec.podTemplateOverrides",
+    ),
     # ------------------------------------------------------------------ the patch: values
     Case("patch-num-nodes-million", {"patch": {"spec": {"trainer": {"numNodes": 1_000_000}}}}, "patch.spec.trainer.numNodes"),
     Case("patch-num-nodes-boolean", {"patch": {"spec": {"trainer": {"numNodes": True}}}}, "patch.spec.trainer.numNodes"),
@@ -366,8 +410,16 @@ CASES: list[Case] = [
     Case("patch-deadline-zero", {"patch": {"spec": {"activeDeadlineSeconds": 0}}}, "patch.spec.activeDeadlineSeconds"),
     Case("patch-suspend-text", {"patch": {"spec": {"suspend": "yes"}}}, "patch.spec.suspend"),
     Case("patch-image-newline", {"patch": {"spec": {"trainer": {"image": "evil:1\n"}}}}, "patch.spec.trainer.image"),
-    Case("patch-env-hf-token", {"patch": {"spec": {"trainer": {"env": [{"name": "HF_TOKEN", "value": HF}]}}}}, "patch.spec.trainer.env[0].value"),
-    Case("patch-env-reserved", {"patch": {"spec": {"trainer": {"env": [{"name": "PET_NNODES", "value": "9"}]}}}}, "patch.spec.trainer.env[0].name"),
+    Case(
+        "patch-env-hf-token",
+        {"patch": {"spec": {"trainer": {"env": [{"name": "HF_TOKEN", "value": HF}]}}}},
+        "patch.spec.trainer.env[0].value",
+    ),
+    Case(
+        "patch-env-reserved",
+        {"patch": {"spec": {"trainer": {"env": [{"name": "PET_NNODES", "value": "9"}]}}}},
+        "patch.spec.trainer.env[0].name",
+    ),
     Case("patch-args-secret", {"patch": {"spec": {"trainer": {"args": ["--token", PLAIN]}}}}, "patch.spec.trainer.args[1]"),
     Case(
         "patch-initializer-env-secret",
@@ -381,13 +433,19 @@ CASES: list[Case] = [
     ),
     Case("patch-sidecar-env-secret", {"patch": sidecar(env=[{"name": "DB_PASSWORD", "value": PLAIN}])}, "patch.spec.runtimePatches"),
     Case("patch-sidecar-args-token", {"patch": sidecar(args=["--key", AWS_ID])}, "patch.spec.runtimePatches"),
-    Case("patch-node-container-env", {"patch": patch_node({}, containers=[{"name": "node", "env": [{"name": "A", "value": "1"}]}])}, "patch.spec.runtimePatches"),
+    Case(
+        "patch-node-container-env",
+        {"patch": patch_node({}, containers=[{"name": "node", "env": [{"name": "A", "value": "1"}]}])},
+        "patch.spec.runtimePatches",
+    ),
     Case("patch-nan", {"patch": {"spec": {"trainer": {"numNodes": float("nan")}}}}, "patch.spec.trainer.numNodes"),
     Case("patch-infinity-deep", {"patch": {"metadata": {"labels": {"a": float("inf")}}}}, "patch.metadata.labels"),
     Case("patch-int-over-64-bits", {"patch": {"spec": {"activeDeadlineSeconds": 2**70}}}, "patch.spec.activeDeadlineSeconds"),
     Case("patch-nested-too-deep", {"patch": {"spec": {"trainer": _deep(100)}}}, "patch"),
     Case("patch-control-in-key", {"patch": {"metadata": {"labels": {"a\x00": "b"}}}}, "patch.metadata.labels"),
-    Case("patch-value-over-128-kib", {"patch": {"metadata": {"annotations": {"example.com/big": "x" * BIG}}}}, "patch.metadata.annotations"),
+    Case(
+        "patch-value-over-128-kib", {"patch": {"metadata": {"annotations": {"example.com/big": "x" * BIG}}}}, "patch.metadata.annotations"
+    ),
     Case("patch-job-over-512-kib", {"patch": {"spec": {"trainer": {"args": ["a" * 100_000] * 6}}}}, "patch.spec.trainer.args"),
     Case("patch-not-a-map", {"patch": ["spec"]}, "patch"),
     # ------------------------------------------------------------------ the patch: host access
@@ -399,7 +457,11 @@ CASES: list[Case] = [
     Case("patch-host-pid", {"patch": patch_node({}, hostPID=True)}, "patch.spec.runtimePatches"),
     Case("patch-host-ipc", {"patch": patch_node({}, hostIPC=True)}, "patch.spec.runtimePatches"),
     Case("patch-host-port", {"patch": sidecar(ports=[{"containerPort": 80, "hostPort": 80}])}, "patch.spec.runtimePatches"),
-    Case("patch-init-container-privileged", {"patch": patch_node({}, initContainers=[{"name": "i", "image": "busybox:1", "securityContext": {"privileged": True}}])}, "patch.spec.runtimePatches"),
+    Case(
+        "patch-init-container-privileged",
+        {"patch": patch_node({}, initContainers=[{"name": "i", "image": "busybox:1", "securityContext": {"privileged": True}}])},
+        "patch.spec.runtimePatches",
+    ),
     Case(
         "patch-privileged-allowed-by-admin",
         {"patch": sidecar(securityContext={"privileged": True})},
@@ -426,9 +488,11 @@ CASES: list[Case] = [
     Case(
         "patch-own-labels-and-annotations",
         {"patch": {"metadata": {"labels": {"team": "nlp"}, "annotations": {"example.com/ticket": "ML-1"}}}},
-        check=lambda m: m["metadata"]["labels"]["team"] == "nlp"
-        and m["metadata"]["labels"]["kfp-trainer.kubeflow.org/run-id"] == "run-1"
-        and m["metadata"]["annotations"]["example.com/ticket"] == "ML-1",
+        check=lambda m: (
+            m["metadata"]["labels"]["team"] == "nlp"
+            and m["metadata"]["labels"]["kfp-trainer.kubeflow.org/run-id"] == "run-1"
+            and m["metadata"]["annotations"]["example.com/ticket"] == "ML-1"
+        ),
     ),
     Case(
         "patch-sidecar-by-reference",
@@ -524,23 +588,41 @@ R = ("render", "--run-id", "r")
 CLI_CASES: list[CliCase] = [
     CliCase("file-missing", ("render", "--inputs-file", "{dir}/missing.yaml"), "cannot read it"),
     CliCase("file-is-a-folder", ("render", "--inputs-file", "{dir}"), "cannot read it"),
-    CliCase("file-python-object-tag", ("render", "--inputs-file", "{dir}/f.yaml"), "python/object/apply:os.system",
-            (("f.yaml", b'runtime: !!python/object/apply:os.system ["touch /tmp/pwned"]\n'),)),  # fmt: skip
-    CliCase("file-python-name-tag", ("render", "--inputs-file", "{dir}/f.yaml"), "python/name:os.system",
-            (("f.yaml", b"runtime: !!python/name:os.system\n"),)),  # fmt: skip
+    CliCase(
+        "file-python-object-tag",
+        ("render", "--inputs-file", "{dir}/f.yaml"),
+        "python/object/apply:os.system",
+        (("f.yaml", b'runtime: !!python/object/apply:os.system ["touch /tmp/pwned"]\n'),),
+    ),  # fmt: skip
+    CliCase(
+        "file-python-name-tag",
+        ("render", "--inputs-file", "{dir}/f.yaml"),
+        "python/name:os.system",
+        (("f.yaml", b"runtime: !!python/name:os.system\n"),),
+    ),  # fmt: skip
     CliCase("file-not-utf8", ("render", "--inputs-file", "{dir}/f.yaml"), "not UTF-8", (("f.yaml", b"run_id: \xff\xfe\n"),)),
     CliCase("file-binary", ("render", "--inputs-file", "{dir}/f.bin"), "not a text file", (("f.bin", b"\x7fELF\x00\x01\x02"),)),
     CliCase("file-a-list", ("render", "--inputs-file", "{dir}/f.yaml"), "expected a map", (("f.yaml", b"- a\n- b\n"),)),
     CliCase("file-number-keys", ("render", "--inputs-file", "{dir}/f.yaml"), "keys must be input names", (("f.yaml", b"1: 2\n"),)),
     CliCase("file-empty", ("render", "--inputs-file", "{dir}/f.yaml"), "run_id", (("f.yaml", b""),)),
     CliCase("file-bad-yaml", ("render", "--inputs-file", "{dir}/f.yaml"), "not valid YAML", (("f.yaml", f"run_id: [{PLAIN}\n".encode()),)),
-    CliCase("file-self-reference", ("render", "--inputs-file", "{dir}/f.yaml"), "patch", (("f.yaml", b"run_id: r\npatch: {x: &a [*a]}\n"),)),
+    CliCase(
+        "file-self-reference", ("render", "--inputs-file", "{dir}/f.yaml"), "patch", (("f.yaml", b"run_id: r\npatch: {x: &a [*a]}\n"),)
+    ),
     CliCase("file-billion-laughs", ("render", "--inputs-file", "{dir}/f.yaml"), "patch", (("f.yaml", _laughs()),)),
     CliCase("file-too-large", ("render", "--inputs-file", "{dir}/f.yaml"), "larger than", (("f.yaml", b"#" * (9 * 2**20)),)),
-    CliCase("file-secret-in-unknown-key", ("render", "--inputs-file", "{dir}/f.yaml"), "hf_token",
-            (("f.yaml", f"run_id: r\nhf_token: {HF}\n".encode()),)),  # fmt: skip
-    CliCase("file-env-list-and-env-flag", ("render", "--inputs-file", "{dir}/f.yaml", "--env", "A=1"), "--env",
-            (("f.yaml", b"run_id: r\nenv: [{name: B, value: '2'}]\n"),)),  # fmt: skip
+    CliCase(
+        "file-secret-in-unknown-key",
+        ("render", "--inputs-file", "{dir}/f.yaml"),
+        "hf_token",
+        (("f.yaml", f"run_id: r\nhf_token: {HF}\n".encode()),),
+    ),  # fmt: skip
+    CliCase(
+        "file-env-list-and-env-flag",
+        ("render", "--inputs-file", "{dir}/f.yaml", "--env", "A=1"),
+        "--env",
+        (("f.yaml", b"run_id: r\nenv: [{name: B, value: '2'}]\n"),),
+    ),  # fmt: skip
     *[CliCase(f"flag-{flag}-not-json", (*R, f"--{flag}", "{bad"), f"--{flag}") for flag in MAP_FLAGS + LIST_FLAGS + ENV_FLAGS],
     *[CliCase(f"flag-{flag}-a-list", (*R, f"--{flag}", "[1, 2]"), flag.replace("-", "_")) for flag in MAP_FLAGS],
     *[CliCase(f"flag-{flag}-a-map", (*R, f"--{flag}", '{"a": 1}'), flag.replace("-", "_")) for flag in LIST_FLAGS],

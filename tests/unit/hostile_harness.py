@@ -27,7 +27,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hostile_cases import AWS_ID, AWS_KEY, CANARIES, CASES, CLI_CASES, COMPONENT_CASES, CliCase, Case  # noqa: E402
+from hostile_cases import AWS_ID, AWS_KEY, CANARIES, CASES, CLI_CASES, COMPONENT_CASES, Case, CliCase  # noqa: E402
 
 from kfp_trainer.backends.base import JobRef, JobStatus, LogLine, Phase, RuntimeInfo, Submission  # noqa: E402
 from kfp_trainer.errors import KfpTrainerError  # noqa: E402
@@ -138,9 +138,9 @@ def run_launcher(case: Case, tmp: Path) -> Result:
 
 
 def run_component(case: Case, tmp: Path) -> Result:
-    import kfp_trainer.backends as backends
     from kfp import dsl
 
+    import kfp_trainer.backends as backends
     from kfp_trainer.components import train_job
 
     backend = RecordingBackend(api_version=case.api_version, allow_host_access=case.allow_host_access)
@@ -188,7 +188,15 @@ def run_component(case: Case, tmp: Path) -> Result:
             artifacts += "\n" + path.read_text(errors="replace")
     text = stdout.getvalue() + stderr.getvalue()
     return Result(
-        "component", code != 0, code, stderr.getvalue(), [], text, _last(backend), backend.writes + [("file", w) for w in written], artifacts
+        "component",
+        code != 0,
+        code,
+        stderr.getvalue(),
+        [],
+        text,
+        _last(backend),
+        backend.writes + [("file", w) for w in written],
+        artifacts,
     )
 
 
