@@ -30,7 +30,7 @@ IMAGE = re.compile(
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
 )
 _URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(\S+)")
-_S3_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]")
+_S3_BUCKET = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,253}[A-Za-z0-9])?")
 _HF_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _FLAG = re.compile(r"-{1,2}([A-Za-z][A-Za-z0-9_.-]*)")
 _ASSIGN = re.compile(r"(?<![A-Za-z0-9_.-])-{0,2}([A-Za-z_][A-Za-z0-9_.-]*)[\"']?(?:=|:[ \t]*)[\"']?([^\s'\",;&}]+)")
