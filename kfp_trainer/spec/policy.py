@@ -15,8 +15,10 @@ again as a whole, and the launcher's own fields are compared with what it render
   credentials as literal values anywhere), initializer URIs, labels, annotations, images,
   deadlines, and every string for control characters and credentials;
 * **host access** -- ``hostPath`` volumes, ``privileged`` or ``allowPrivilegeEscalation``
-  containers, added capabilities, ``hostNetwork``/``hostPID``/``hostIPC``, host ports and
-  bidirectional mount propagation -- is refused unless the cluster admin allows it on the
+  containers, added capabilities, ``hostNetwork``/``hostPID``/``hostIPC``, host ports,
+  bidirectional mount propagation, an unmasked ``/proc``, ``Unconfined`` seccomp or AppArmor
+  profiles and Windows host processes (what the PodSecurity *baseline* level forbids) -- is
+  refused unless the cluster admin allows it on the
   ClusterTrainingRuntime (annotation ``kfp-trainer.kubeflow.org/allow-host-access: "true"``;
   a namespaced TrainingRuntime cannot grant it, as namespace users may create those);
 * **size**: at most 512 KiB in all, 256 KiB of annotations per object, 128 KiB per value,
@@ -266,6 +268,13 @@ class _Checker:
             self.add((*path, "capabilities", "add"), added, _HOST_ADMIN)
         if obj.get("mountPropagation") == "Bidirectional":
             self.add((*path, "mountPropagation"), "Bidirectional", _HOST_ADMIN)
+        if obj.get("procMount") not in (None, "Default"):
+            self.add((*path, "procMount"), obj["procMount"], _HOST_ADMIN)
+        for profile in ("seccompProfile", "appArmorProfile"):
+            if get(obj, (profile, "type")) == "Unconfined":
+                self.add((*path, profile, "type"), "Unconfined", _HOST_ADMIN)
+        if get(obj, ("windowsOptions", "hostProcess")) is True:
+            self.add((*path, "windowsOptions", "hostProcess"), True, _HOST_ADMIN)
 
     def check_sizes(self) -> None:
         total = _json_size(self.manifest)

@@ -74,8 +74,9 @@ def patch_node(spec: dict[str, Any], *, containers: list[dict[str, Any]] | None 
     }
 
 
-def sidecar(**fields: Any) -> dict[str, Any]:
-    return patch_node({}, containers=[{"name": "sidecar", "image": "busybox:1", **fields}])
+def sidecar(name: str = "sidecar", **fields: Any) -> dict[str, Any]:
+    """A patch of one container of the node pods (Trainer v2.2+ patches name, env, securityContext, volumeMounts)."""
+    return patch_node({}, containers=[{"name": name, **fields}])
 
 
 def _deep(n: int) -> dict[str, Any]:
@@ -450,22 +451,28 @@ CASES: list[Case] = [
     Case("patch-not-a-map", {"patch": ["spec"]}, "patch"),
     # ------------------------------------------------------------------ the patch: host access
     Case("patch-host-path", {"patch": patch_node({}, volumes=[{"name": "root", "hostPath": {"path": "/"}}])}, "patch.spec.runtimePatches"),
-    Case("patch-privileged", {"patch": sidecar(securityContext={"privileged": True})}, "patch.spec.runtimePatches"),
+    Case("patch-privileged", {"patch": sidecar("node", securityContext={"privileged": True})}, "patch.spec.runtimePatches"),
     Case("patch-privilege-escalation", {"patch": sidecar(securityContext={"allowPrivilegeEscalation": True})}, "patch.spec.runtimePatches"),
     Case("patch-capabilities", {"patch": sidecar(securityContext={"capabilities": {"add": ["SYS_ADMIN"]}})}, "patch.spec.runtimePatches"),
     Case("patch-host-network", {"patch": patch_node({}, hostNetwork=True)}, "patch.spec.runtimePatches"),
     Case("patch-host-pid", {"patch": patch_node({}, hostPID=True)}, "patch.spec.runtimePatches"),
     Case("patch-host-ipc", {"patch": patch_node({}, hostIPC=True)}, "patch.spec.runtimePatches"),
     Case("patch-host-port", {"patch": sidecar(ports=[{"containerPort": 80, "hostPort": 80}])}, "patch.spec.runtimePatches"),
+    Case("patch-unmasked-proc", {"patch": sidecar("node", securityContext={"procMount": "Unmasked"})}, "patch.spec.runtimePatches"),
+    Case(
+        "patch-seccomp-unconfined",
+        {"patch": sidecar(securityContext={"seccompProfile": {"type": "Unconfined"}})},
+        "patch.spec.runtimePatches",
+    ),
     Case(
         "patch-init-container-privileged",
-        {"patch": patch_node({}, initContainers=[{"name": "i", "image": "busybox:1", "securityContext": {"privileged": True}}])},
+        {"patch": patch_node({}, initContainers=[{"name": "init", "securityContext": {"privileged": True}}])},
         "patch.spec.runtimePatches",
     ),
     Case(
         "patch-privileged-allowed-by-admin",
-        {"patch": sidecar(securityContext={"privileged": True})},
-        check=lambda m: pod(m)["containers"][0]["securityContext"] == {"privileged": True},
+        {"patch": sidecar("node", securityContext={"privileged": True})},
+        check=lambda m: pod(m)["containers"][0] == {"name": "node", "securityContext": {"privileged": True}},
         allow_host_access=True,
     ),
     Case(
