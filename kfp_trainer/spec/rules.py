@@ -60,7 +60,12 @@ def key_path(base: str, key: Any) -> str:
 
 
 def check_text(field: str, value: Any, *, max_bytes: int = MAX_VALUE_BYTES) -> list[ValidationError]:
-    """Free text: a string without control characters (tab and newlines allowed), not too large."""
+    """Free text: a string without control characters (tab and newlines allowed), not too large.
+
+    Example:
+        >>> check_text("env[0].value", "newline" + chr(10) + "is fine"), [e.field for e in check_text("args[0]", chr(0))]
+        ([], ['args[0]'])
+    """
     if not isinstance(value, str):
         return [ValidationError(field, value, "a string")]
     if CONTROL.search(value):
@@ -72,7 +77,12 @@ def check_text(field: str, value: Any, *, max_bytes: int = MAX_VALUE_BYTES) -> l
 
 
 def check_structure(field: str, value: Any, *, path: Callable[[str, Any], str] = key_path) -> list[ValidationError]:
-    """Any JSON-like value: only JSON types, text keys, finite numbers within int64, free text, bounded nesting and size."""
+    """Any JSON-like value: only JSON types, text keys, finite numbers within int64, free text, bounded nesting and size.
+
+    Example:
+        >>> [str(e) for e in check_structure("patch", {"spec": {"trainer": {"numNodes": float("nan")}}})]
+        ['patch.spec.trainer.numNodes: got nan; expected a finite number']
+    """
     errors: list[ValidationError] = []
     budget = [MAX_NODES_IN_VALUE]
 
@@ -137,7 +147,12 @@ _BY_REFERENCE = (
 
 
 def check_args(field: str, items: list[Any]) -> list[ValidationError]:
-    """Command or args items: free text, no credentials, no literal value after a secret-like flag."""
+    """Command or args items: free text, no credentials, no literal value after a secret-like flag.
+
+    Example:
+        >>> [e.field for e in check_args("args", ["--hf-token", "abc123", "--token-file", "/run/t", "--key=$(KEY)"])]
+        ['args[1]']
+    """
     errors: list[ValidationError] = []
     for i, item in enumerate(items):
         where = f"{field}[{i}]"
@@ -151,7 +166,12 @@ def check_args(field: str, items: list[Any]) -> list[ValidationError]:
 
 
 def check_env(field: str, env: Any, *, reserved: tuple[str, ...] = ()) -> list[ValidationError]:
-    """A list of EnvVar dicts: names, reserved prefixes, duplicates, references, no literal credentials."""
+    """A list of EnvVar dicts: names, reserved prefixes, duplicates, references, no literal credentials.
+
+    Example:
+        >>> [(e.field, e.value) for e in check_env("env", [{"name": "HF-TOKEN", "value": "abc"}, {"name": "N", "value": "1"}])]
+        [('env[0].value', '<hidden>')]
+    """
     if not isinstance(env, list):
         return [ValidationError(field, env, "a list of EnvVar objects")]
     errors: list[ValidationError] = []
@@ -263,7 +283,14 @@ def check_dns_name(field: str, value: Any, what: str, *, label: bool = False) ->
 
 
 def check_uri(field: str, uri: Any, schemes: tuple[str, ...]) -> list[ValidationError]:
-    """An initializer URI: allowed scheme, no credentials, no ``..`` segments, well-formed per scheme."""
+    """An initializer URI: allowed scheme, no credentials, no ``..`` segments, well-formed per scheme.
+
+    Example:
+        >>> [e.allowed[:30] for e in check_uri("dataset_uri", "s3://bucket/../../etc", ("s3",))]
+        ["a URI without '.' or '..' path"]
+        >>> [str(e) for e in check_uri("model_uri", "s3://key:secret@bucket/m", ("s3",))]
+        ["model_uri: got 's3://***@bucket/m'; expected a URI without credentials: name a Secret holding them in model_secret"]
+    """
     if uri == "":
         return []
     allowed = ", ".join(f"{s}://" for s in schemes)
@@ -295,7 +322,12 @@ def check_uri(field: str, uri: Any, schemes: tuple[str, ...]) -> list[Validation
 
 
 def check_quantity(field: str, value: Any) -> list[ValidationError]:
-    """A Kubernetes quantity (``'2'``, ``'500m'``, ``'16Gi'``, ``4``): finite, >= 0, within 64 bits."""
+    """A Kubernetes quantity (``'2'``, ``'500m'``, ``'16Gi'``, ``4``): finite, >= 0, within 64 bits.
+
+    Example:
+        >>> check_quantity("cpu", "500m"), len(check_quantity("cpu", "NaN")), len(check_quantity("memory", "9Ei"))
+        ([], 1, 1)
+    """
     try:
         amount = parse_quantity(value)
     except (ValueError, TypeError):
