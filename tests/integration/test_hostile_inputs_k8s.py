@@ -117,10 +117,10 @@ def test_host_access_is_granted_by_an_annotated_cluster_runtime_and_never_by_a_n
             run_id="r", task_name="t", namespace=namespace, runtime="team-host", runtime_kind="TrainingRuntime", **host
         )
         with pytest.raises(UserError, match=r"volumes\[0\]\.hostPath"):
-            Launcher(backend, LaunchOptions(logs="none"), out=io.StringIO()).run(refused)
+            Launcher(backend, LaunchOptions(start_timeout=5, logs="none"), out=io.StringIO()).run(refused)
         plain = TrainJobInputs(run_id="r", task_name="t", namespace=namespace, runtime="torch-distributed", **host)
         with pytest.raises(UserError, match=r"volumes\[0\]\.hostPath"):
-            Launcher(backend, LaunchOptions(logs="none"), out=io.StringIO()).run(plain)
+            Launcher(backend, LaunchOptions(start_timeout=5, logs="none"), out=io.StringIO()).run(plain)
         assert custom.list_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, spec.PLURAL)["items"] == []
     finally:
         custom.delete_cluster_custom_object(spec.GROUP, spec.VERSION, "clustertrainingruntimes", cluster_name)
