@@ -22,101 +22,8 @@ from typing import Any
 
 import yaml
 
+from .cli_inputs import add_input_flags, inputs_from_args, json_value
 from .errors import KfpTrainerError
-from .spec import TrainJobInputs
-
-# Flags that map one-to-one onto TrainJobInputs fields (flag name = field with dashes).
-_SIMPLE = (
-    "name",
-    "name_prefix",
-    "namespace",
-    "run_id",
-    "task_name",
-    "pipeline_name",
-    "runtime",
-    "runtime_kind",
-    "image",
-    "dataset_uri",
-    "dataset_secret",
-    "model_uri",
-    "model_secret",
-    "service_account",
-    "queue_name",
-)
-_INT = ("num_nodes", "active_deadline_seconds")
-_JSON = (
-    "resources_per_node",
-    "labels",
-    "annotations",
-    "pod_labels",
-    "pod_annotations",
-    "volumes",
-    "volume_mounts",
-    "node_selector",
-    "tolerations",
-    "affinity",
-    "patch",
-    "dataset_env",
-    "model_env",
-)
-
-
-def _json_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return yaml.safe_load(text)
-
-
-def _add_inputs(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("TrainJob inputs (same names as the train_job component's)")
-    for field in _SIMPLE:
-        group.add_argument("--" + field.replace("_", "-"), dest=field)
-    for field in _INT:
-        group.add_argument("--" + field.replace("_", "-"), dest=field, type=int)
-    for field in _JSON:
-        group.add_argument("--" + field.replace("_", "-"), dest=field, type=_json_value, metavar="JSON")
-    group.add_argument("--num-proc-per-node", dest="num_proc_per_node")
-    group.add_argument("--command", dest="command", help="comma-separated, or a JSON list")
-    group.add_argument("--args", dest="args", help="comma-separated, or a JSON list")
-    group.add_argument("--env", dest="env", action="append", metavar="NAME=VALUE", help="repeatable")
-    group.add_argument("--image-pull-secrets", dest="image_pull_secrets", help="comma-separated")
-    group.add_argument("--suspend", action="store_true", default=None)
-    group.add_argument("--inputs-file", help="YAML/JSON file of inputs; flags override it")
-
-
-def _split(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    if text.startswith("["):
-        return [str(x) for x in json.loads(text)]
-    return [part for part in text.split(",") if part]
-
-
-def inputs_from_args(ns: argparse.Namespace) -> TrainJobInputs:
-    """Collect TrainJobInputs from parsed flags (and ``--inputs-file``)."""
-    given: dict[str, Any] = {}
-    if ns.inputs_file:
-        with open(ns.inputs_file) as f:
-            given.update(yaml.safe_load(f) or {})
-    for field in (*_SIMPLE, *_INT, *_JSON, "num_proc_per_node", "suspend"):
-        value = getattr(ns, field)
-        if value is not None:
-            given[field] = value
-    for field in ("command", "args", "image_pull_secrets"):
-        if getattr(ns, field) is not None:
-            given[field] = _split(getattr(ns, field))
-    if ns.env:
-        env = dict(given.get("env") or {})
-        for item in ns.env:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise SystemExit(f"--env {item!r}: expected NAME=VALUE")
-            env[key] = value
-        given["env"] = env
-    if isinstance(given.get("num_proc_per_node"), str) and given["num_proc_per_node"].isdigit():
-        given["num_proc_per_node"] = int(given["num_proc_per_node"])
-    return TrainJobInputs.parse(**given)
 
 
 def cmd_render(ns: argparse.Namespace) -> int:
@@ -129,7 +36,7 @@ def cmd_render(ns: argparse.Namespace) -> int:
 
         backend = KubernetesBackend.from_config(ns.kubeconfig)
         info = backend.resolve_runtime(inputs.model_copy(update={"namespace": inputs.namespace or backend.default_namespace()}))
-        manifest = render(inputs, api_version=info.api_version, runtime_jobs=info.job_names)
+        manifest = render(inputs, api_version=info.api_version, runtime_jobs=info.job_names, allow_host_access=info.allow_host_access)
     else:
         manifest = render(inputs, api_version=ns.api_version)
     yaml.safe_dump(manifest, sys.stdout, sort_keys=False)
@@ -139,8 +46,10 @@ def cmd_render(ns: argparse.Namespace) -> int:
 def cmd_launch(ns: argparse.Namespace) -> int:
     """Run one TrainJob to its end and print a summary."""
     from .launcher import Launcher, LaunchOptions
+    from .spec import check_launch_options
 
     inputs = inputs_from_args(ns)
+    check_launch_options(start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, logs=ns.logs)
     if ns.local:
         from .backends.local import LocalBackend
 
@@ -195,7 +104,7 @@ def _typed(text: str, kind: str, name: str) -> Any:
             return text.lower() in ("true", "1", "yes")
     except ValueError:
         raise SystemExit(f"--param {name}={text!r}: expected a {kind.lower()}") from None
-    return _json_value(text)
+    return json_value(text)
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -296,13 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command_name", required=True)
 
     render = sub.add_parser("render", help="print the TrainJob manifest (dry run)")
-    _add_inputs(render)
+    add_input_flags(render)
     render.add_argument("--api-version", default="v2.2", choices=["v2.1", "v2.2", "auto"], help="auto: ask the cluster")
     render.add_argument("--kubeconfig")
     render.set_defaults(func=cmd_render)
 
     launch = sub.add_parser("launch", help="run one TrainJob to its end")
-    _add_inputs(launch)
+    add_input_flags(launch)
     launch.add_argument("--api-version", default="auto", choices=["v2.1", "v2.2", "auto"])
     launch.add_argument("--kubeconfig")
     launch.add_argument("--local", action="store_true", help="run on this machine instead of a cluster")

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .redaction import shown_value
+
 EXIT_USER = 2
 EXIT_JOB_FAILED = 1
 EXIT_INFRA = 3
@@ -41,13 +43,13 @@ class UserError(KfpTrainerError, ValueError):
 
 
 class ValidationError(UserError):
-    """One input is invalid. Names the field, the value and what is allowed."""
+    """One input is invalid. Names the field, the value (secret-like values hidden) and what is allowed."""
 
     def __init__(self, field: str, value: Any, allowed: str) -> None:
         self.field = field
         self.value = value
         self.allowed = allowed
-        shown = repr(value)
+        shown = repr(shown_value(field, value))  # never a secret-like value in a message
         if len(shown) > 120:
             shown = shown[:117] + "..."
         super().__init__(f"{field}: got {shown}; expected {allowed}")

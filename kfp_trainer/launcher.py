@@ -152,7 +152,10 @@ class Launcher:
             inputs = inputs.model_copy(update={"namespace": self.backend.default_namespace()})
         info = self.backend.resolve_runtime(inputs)
         budget = min(naming.max_name_length(), naming.max_name_length(info.replicated_jobs))
-        manifest = spec.render(inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget, local=local)
+        manifest = spec.render(
+            inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget, local=local,
+            allow_host_access=info.allow_host_access,
+        )
         return manifest, info.api_version, f"{info.kind}/{info.name}"
 
     def run(self, inputs: TrainJobInputs) -> Outcome:

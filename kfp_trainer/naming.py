@@ -23,8 +23,8 @@ from collections.abc import Iterable
 
 from .errors import ValidationError
 
-RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+RFC1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")  # use fullmatch; \Z also keeps match() whole
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 DNS_LABEL_MAX = 63
 HASH_LENGTH = 10
 RANDOM_SUFFIX = 5  # characters the API server appends to generateName
@@ -101,7 +101,7 @@ def trainjob_name(
     """
     budget = max_name_length() if max_length is None else max_length
     if prefix:
-        if not RFC1035.match(prefix):
+        if not isinstance(prefix, str) or not RFC1035.fullmatch(prefix):
             raise ValidationError(
                 "name_prefix",
                 prefix,
@@ -121,7 +121,7 @@ def trainjob_name(
 
 def check_name(name: str, max_length: int) -> str:
     """Validate a user-given TrainJob name against RFC 1035 and the pod-name budget."""
-    if not RFC1035.match(name):
+    if not isinstance(name, str) or not RFC1035.fullmatch(name):
         raise ValidationError("name", name, "an RFC-1035 label: lower-case letters, digits and '-', starting with a letter")
     if len(name) > max_length:
         raise ValidationError(
@@ -132,14 +132,15 @@ def check_name(name: str, max_length: int) -> str:
     return name
 
 
-def label_value(text: str) -> str:
+def label_value(text: object) -> str:
     """Make ``text`` a valid label value (<= 63 chars), keeping it recognisable.
 
     Example:
         >>> label_value("Train Job #1")
         'Train-Job-1'
     """
-    if _LABEL_VALUE.match(text) and len(text) <= DNS_LABEL_MAX:
+    text = str(text)
+    if _LABEL_VALUE.fullmatch(text) and len(text) <= DNS_LABEL_MAX:
         return text
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)
     cleaned = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", cleaned)

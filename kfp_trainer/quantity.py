@@ -1,5 +1,9 @@
 """Kubernetes resource quantities ("500m", "2Gi", "1e3"): parse and compare. Pure.
 
+Only what the API server accepts parses: the whole string must match (no spaces, no
+trailing newline), numbers must be finite, and exponents stay small enough that a value
+cannot overflow the server's 64-bit representation unnoticed.
+
 Example:
     >>> parse_quantity("1500m") == parse_quantity("1.5")
     True
@@ -7,10 +11,11 @@ Example:
 
 from __future__ import annotations
 
+import math
 import re
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 
-_QUANTITY = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))((?:[KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$")
+_QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))((?:[KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d{1,3})?")
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
     "n": Decimal("1e-9"),
@@ -24,27 +29,40 @@ _DECIMAL = {
     "P": Decimal("1e15"),
     "E": Decimal("1e18"),
 }
+MAX_DIGITS = 40  # longer numbers are not quantities anyone means
 
 
 def parse_quantity(value: str | int | float) -> Decimal:
     """Value of a Kubernetes quantity as a Decimal.
 
     Raises:
-        ValueError: ``value`` is not a quantity.
+        ValueError: ``value`` is not a quantity (also: NaN, infinity, a boolean, text
+            around the number, an exponent beyond 999).
+
+    Example:
+        >>> parse_quantity("2Gi")
+        Decimal('2147483648')
     """
     if isinstance(value, bool):
         raise ValueError(f"not a quantity: {value!r}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"not a finite quantity: {value!r}")
         return Decimal(str(value))
-    match = _QUANTITY.match(str(value).strip()) if isinstance(value, str) else None
+    match = _QUANTITY.fullmatch(value) if isinstance(value, str) and len(value) <= MAX_DIGITS else None
     if not match:
         raise ValueError(f"not a quantity: {value!r}")
-    number, suffix = Decimal(match.group(1)), match.group(2) or ""
-    if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return number * _DECIMAL[suffix]
-    return number * (Decimal(10) ** int(suffix[1:]))
+    try:
+        number, suffix = Decimal(match.group(1)), match.group(2) or ""
+        if suffix in _BINARY:
+            return number * _BINARY[suffix]
+        if suffix in _DECIMAL:
+            return number * _DECIMAL[suffix]
+        return number.scaleb(int(suffix[1:]))
+    except (InvalidOperation, ValueError, OverflowError):
+        raise ValueError(f"not a quantity: {value!r}") from None
 
 
 def is_quantity(value: object) -> bool:

@@ -2,8 +2,9 @@
 
 The KFP UI shows a ``dsl.HTML`` artifact in a sandboxed iframe, so the page carries its
 own CSS and draws metric curves as inline SVG: no scripts, no fonts, no CDN. Every piece
-of text is escaped, and long metric series are downsampled so the page stays small
-whatever the run printed.
+of text is escaped and passed through :func:`~kfp_trainer.redaction.redact_text` (so a
+credential in a URI, a condition message or a log-derived value never reaches the page),
+and long metric series are downsampled so the page stays small whatever the run printed.
 
 The input is plain data (see :func:`outcome_data`), so the report can be rendered from a
 launcher :class:`~kfp_trainer.launcher.Outcome` or from JSON saved elsewhere.
@@ -26,6 +27,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .redaction import redact_text, shorten
+
 MAX_POINTS = 400  # per curve, after downsampling
 MAX_CHARTS = 12
 MAX_TIMELINE = 200
@@ -45,9 +48,7 @@ svg text{font-size:10px;fill:#5f6368}
 
 
 def _esc(value: Any, limit: int = MAX_TEXT) -> str:
-    text = "" if value is None else str(value)
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
+    text = "" if value is None else shorten(str(value), limit)
     return html.escape(text, quote=True)
 
 
@@ -308,7 +309,7 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     """
 
     def cell(value: Any) -> str:
-        text = _fmt(value) if isinstance(value, (int, float)) else str("" if value is None else value)
+        text = _fmt(value) if isinstance(value, (int, float)) else redact_text(str("" if value is None else value))
         return text.replace("|", "\\|").replace("\n", " ")[:MAX_TEXT]
 
     lines = [f"# TrainJob {cell(data.get('trainjob', ''))}: {cell(data.get('phase', ''))}", "", "| | |", "|---|---|"]

@@ -189,11 +189,15 @@ def choose_shared_root(workspace_path: str, volume_mounts: list[dict[str, Any]] 
     """
     from .taskconfig import mount_covering
 
-    mounts = list(volume_mounts or [])
-    if workspace_path and mount_covering(workspace_path, mounts) is not None:
-        return workspace_path.rstrip("/") or "/"
-    pvcs = {v.get("name") for v in volumes or [] if isinstance(v, Mapping) and v.get("persistentVolumeClaim")}
+    mounts = [m for m in volume_mounts or [] if isinstance(m, Mapping)] if isinstance(volume_mounts, list) else []
+    if isinstance(workspace_path, str) and workspace_path.startswith("/") and ".." not in workspace_path.split("/"):
+        if mount_covering(workspace_path, mounts) is not None:
+            return workspace_path.rstrip("/") or "/"
+    volumes = volumes if isinstance(volumes, list) else []
+    pvcs = {v.get("name") for v in volumes if isinstance(v, Mapping) and v.get("persistentVolumeClaim") and isinstance(v.get("name"), str)}
     for mount in mounts:
-        if mount.get("name") in pvcs and not mount.get("readOnly") and mount.get("mountPath"):
-            return str(mount["mountPath"]).rstrip("/")
+        path = mount.get("mountPath")
+        named = isinstance(mount.get("name"), str) and mount["name"] in pvcs
+        if named and not mount.get("readOnly") and isinstance(path, str) and path.startswith("/") and ".." not in path.split("/"):
+            return path.rstrip("/")
     return None

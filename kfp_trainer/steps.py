@@ -26,6 +26,7 @@ from typing import Any
 
 from . import naming
 from .errors import UserError, ValidationError
+from .redaction import scrub
 
 _UNRESOLVED = "{{$."
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -189,7 +190,7 @@ def model_metadata(model_dir: str | Path, **known: Any) -> dict[str, Any]:
         if key in info:
             meta[key] = info[key]
     meta.update({k: v for k, v in known.items() if v not in (None, "")})
-    return meta
+    return scrub(meta)  # e.g. a base model URI with credentials, from an upstream artifact
 
 
 # --------------------------------------------------------------------------- train_job
@@ -207,7 +208,7 @@ def _shared_copy(artifact: Any, shared_root: str | None) -> str | None:
     if artifact is None or not shared_root:
         return None
     where = (getattr(artifact, "metadata", None) or {}).get("workspace_path")
-    if isinstance(where, str) and where.startswith(shared_root.rstrip("/") + "/") and Path(where).exists():
+    if isinstance(where, str) and where.startswith(shared_root.rstrip("/") + "/") and ".." not in where.split("/") and Path(where).exists():
         return where
     return None
 
@@ -294,7 +295,7 @@ def run_train_job(
     from .backends import select_backend
     from .launcher import Launcher, LaunchOptions
     from .report import outcome_data, render_html
-    from .spec import TrainJobInputs, validate
+    from .spec import TrainJobInputs, check_launch_options
     from .staging import choose_shared_root, plan_paths
     from .taskconfig import merge_task_config
 
@@ -306,6 +307,10 @@ def run_train_job(
     given.update({k: v for k, v in (("run_id", run_id), ("task_name", task_name), ("pipeline_name", pipeline_name)) if v})
     if unresolved(workspace_path):
         workspace_path = ""
+    check_launch_options(
+        start_timeout=start_timeout, run_timeout=run_timeout, logs=logs, backend=backend or "auto",
+        workspace_path=workspace_path, delete_after_success=delete_after_success,
+    )
     merged = merge_task_config(given, task_config)
     chosen = (backend_factory or select_backend)(backend or "auto")
     local = bool(getattr(chosen, "local", False))
@@ -326,16 +331,6 @@ def run_train_job(
     )
     merged.update(plan.values)
     parsed = TrainJobInputs.parse(**merged)
-    validate(parsed, api_version=None, local=local)  # every input problem before any copy or API call
-
-    for src, dst in plan.stage_in:
-        if stage(src, dst):
-            log(f"staged {src} -> {dst} (shared with the TrainJob's pods)")
-        else:
-            log(f"{dst} was staged by an earlier try; using it")
-    if plan.stage_out:
-        shared_dir(plan.stage_out[0])
-    Path(output_model.path).mkdir(parents=True, exist_ok=True)
 
     def submitted(ref: Any) -> None:
         Path(trainjob_path).parent.mkdir(parents=True, exist_ok=True)
@@ -346,7 +341,19 @@ def run_train_job(
         # the model lives on the shared volume or in the artifact, not in the TrainJob: safe to delete
         delete_after_success=bool(delete_after_success),
     )
-    outcome = Launcher(chosen, options, on_submitted=submitted).run(parsed)
+    launcher = Launcher(chosen, options, on_submitted=submitted)
+    # Every input problem -- the runtime's Trainer version and host-access policy included -- before any copy or write.
+    launcher.prepare(parsed)
+
+    for src, dst in plan.stage_in:
+        if stage(src, dst):
+            log(f"staged {src} -> {dst} (shared with the TrainJob's pods)")
+        else:
+            log(f"{dst} was staged by an earlier try; using it")
+    if plan.stage_out:
+        shared_dir(plan.stage_out[0])
+    Path(output_model.path).mkdir(parents=True, exist_ok=True)
+    outcome = launcher.run(parsed)
     submitted(outcome.ref)
 
     if plan.stage_out:

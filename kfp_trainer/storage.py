@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 from collections.abc import Mapping
@@ -33,10 +34,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .errors import UserError
+from .redaction import redact_text
 
 SCHEMES = ("builtin", "file", "hf", "s3")
 HF_ENDPOINT = "https://huggingface.co"
 _CREDENTIAL_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
+_HF_PART = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+_HF_REVISION = re.compile(r"(?!.*(?:^|/)\.\.?(?:/|$))[A-Za-z0-9._/-]{1,255}")
 
 
 class StorageError(UserError):
@@ -56,17 +60,13 @@ def scheme_of(uri: str) -> str:
 
 
 def redact(uri: str) -> str:
-    """The URI without any user:password part, for logs and metadata.
+    """The URI without any user:password part, for logs and metadata (see :mod:`kfp_trainer.redaction`).
 
     Example:
         >>> redact("s3://key:secret@bucket/data")
         's3://***@bucket/data'
     """
-    parsed = urlparse(uri)
-    if parsed.username or parsed.password:
-        host = parsed.hostname or ""
-        return uri.replace(parsed.netloc, "***@" + host + (f":{parsed.port}" if parsed.port else ""), 1)
-    return uri
+    return redact_text(uri)
 
 
 def _first_env(env: Mapping[str, str], *names: str) -> str | None:
@@ -170,8 +170,9 @@ def parse_hf(uri: str) -> tuple[str, str | None]:
     """
     rest = uri.split("://", 1)[1].strip("/")
     repo, _, revision = rest.partition("@")
-    if not repo or repo.count("/") > 1:
-        raise StorageError(f"{uri}: expected hf://<org>/<name>[@<revision>]")
+    parts = repo.split("/")
+    if not 1 <= len(parts) <= 2 or not all(_HF_PART.fullmatch(p) for p in parts) or (revision and not _HF_REVISION.fullmatch(revision)):
+        raise StorageError(f"{redact(uri)}: expected hf://<org>/<name>[@<revision>] (letters, digits, '.', '_', '-'; no '..')")
     return repo, revision or None
 
 
@@ -239,17 +240,58 @@ def _fetch_s3(uri: str, dest: Path, env: Mapping[str, str], ignore: list[str] | 
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
                 key = obj["Key"]
-                rel = key[len(prefix) :].lstrip("/") if prefix and key != prefix else Path(key).name
-                if not rel or key.endswith("/") or any(fnmatch.fnmatch(rel, p) for p in ignore or []):
+                rel = s3_relative_key(key, prefix)
+                if not rel or any(fnmatch.fnmatch(rel, p) for p in ignore or []):
                     continue
-                target = dest / rel
+                target = safe_join(dest, rel)
+                if target is None:
+                    raise StorageError(f"{redact(uri)}: object key {key!r} would be written outside {dest}; refusing to fetch")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 client.download_file(bucket, key, str(target))
                 count += 1
+    except StorageError:
+        raise
     except Exception as e:  # botocore errors vary; never echo credentials
         raise StorageError(f"{redact(uri)}: download failed: {type(e).__name__}: {_scrub(str(e), key_id, secret)}") from None
     if count == 0:
         raise StorageError(f"{redact(uri)}: no objects under that prefix")
+
+
+def s3_relative_key(key: str, prefix: str) -> str | None:
+    """Where object ``key`` goes under the destination when fetching ``prefix``; ``None`` to skip it.
+
+    The prefix names a "folder" (``data`` means ``data/...``, never ``data-private/...``)
+    or exactly one object.
+
+    Example:
+        >>> s3_relative_key("data/train.jsonl", "data"), s3_relative_key("data-private/x", "data")
+        ('train.jsonl', None)
+        >>> s3_relative_key("data/model.bin", "data/model.bin"), s3_relative_key("a/b/", "a")
+        ('model.bin', None)
+    """
+    if key.endswith("/"):
+        return None  # a "folder" placeholder object
+    if not prefix:
+        return key
+    if key == prefix:
+        return key.rsplit("/", 1)[-1]
+    folder = prefix if prefix.endswith("/") else prefix + "/"
+    return key[len(folder) :] if key.startswith(folder) else None
+
+
+def safe_join(root: str | Path, rel: str) -> Path | None:
+    """``root / rel``, or ``None`` when ``rel`` is absolute or its ``..`` would leave ``root``.
+
+    Example:
+        >>> safe_join("/dest", "a/b.txt"), safe_join("/dest", "../../etc/passwd"), safe_join("/dest", "/etc/passwd")
+        (PosixPath('/dest/a/b.txt'), None, None)
+    """
+    parts = rel.replace("\\", "/").split("/")
+    if not rel or rel.startswith("/") or any(p in ("..", ".") for p in parts) or "\0" in rel:
+        return None
+    base = Path(root).resolve()
+    target = (base / "/".join(p for p in parts if p)).resolve()
+    return target if target == base or base in target.parents else None
 
 
 def safe_env_names(env: Mapping[str, str]) -> list[str]:

@@ -49,17 +49,27 @@ def task_config_dict(task_config: Any) -> dict[str, Any]:
     return {k: copy.deepcopy(v) for k, v in raw.items() if k in FIELDS and v}
 
 
-def _env_items(env: Any) -> list[dict[str, Any]]:
+def _env_items(env: Any) -> list[dict[str, Any]] | None:
+    """Env as a list of EnvVar dicts; ``None`` when it has neither accepted shape (left for validation)."""
     if not env:
         return []
     if isinstance(env, Mapping):
-        return [{"name": str(k), "value": str(v)} for k, v in env.items()]
-    return [dict(e) for e in env]
+        return [{"name": k, "value": v} for k, v in env.items()]
+    if isinstance(env, list) and all(isinstance(e, Mapping) for e in env):
+        return [dict(e) for e in env]
+    return None
+
+
+def _dicts(value: Any) -> list[dict[str, Any]] | None:
+    """``value`` when it is a list of dicts (or empty), else ``None``."""
+    if not value:
+        return []
+    return list(value) if isinstance(value, list) and all(isinstance(v, Mapping) for v in value) else None
 
 
 def _by_name(base: list[dict[str, Any]], wins: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Items of ``base`` whose name is not in ``wins``, then ``wins`` (order kept)."""
-    names = {item.get("name") for item in wins}
+    names = {item.get("name") for item in wins if isinstance(item.get("name"), str)}
     return [item for item in base if item.get("name") not in names] + wins
 
 
@@ -90,24 +100,25 @@ def merge_task_config(inputs: Mapping[str, Any], task_config: Any) -> dict[str, 
         task_config: The component's ``dsl.TaskConfig`` (or its JSON dict), possibly empty.
 
     Returns:
-        A new dict of inputs.
+        A new dict of inputs. A given input of the wrong type is kept as it is, for the
+        validation that follows to name it.
     """
     out = {k: copy.deepcopy(v) for k, v in inputs.items()}
     tc = task_config_dict(task_config)
     if tc.get("resources") and not out.get("resources_per_node"):
         out["resources_per_node"] = tc["resources"]
-    if tc.get("env"):
-        given = _env_items(out.get("env"))
-        out["env"] = _by_name(_env_items(tc["env"]), given)
-    if tc.get("volumes"):
-        out["volumes"] = _by_name(list(tc["volumes"]), list(out.get("volumes") or []))
-    if tc.get("volume_mounts"):
-        given_mounts = list(out.get("volume_mounts") or [])
-        paths = {m.get("mountPath") for m in given_mounts}
+    given_env, task_env = _env_items(out.get("env")), _env_items(tc.get("env"))
+    if given_env is not None and task_env:
+        out["env"] = _by_name(task_env, given_env)
+    given_volumes, given_mounts = _dicts(out.get("volumes")), _dicts(out.get("volume_mounts"))
+    if tc.get("volumes") and given_volumes is not None:
+        out["volumes"] = _by_name(list(tc["volumes"]), given_volumes)
+    if tc.get("volume_mounts") and given_mounts is not None:
+        paths = {m.get("mountPath") for m in given_mounts if isinstance(m.get("mountPath"), str)}
         out["volume_mounts"] = [m for m in tc["volume_mounts"] if m.get("mountPath") not in paths] + given_mounts
-    if tc.get("node_selector"):
+    if tc.get("node_selector") and isinstance(out.get("node_selector") or {}, Mapping):
         out["node_selector"] = {**tc["node_selector"], **(out.get("node_selector") or {})}
-    if tc.get("tolerations"):
+    if tc.get("tolerations") and isinstance(out.get("tolerations") or [], list):
         out["tolerations"] = _unique(list(tc["tolerations"]) + list(out.get("tolerations") or []))
     if tc.get("affinity") and not out.get("affinity"):
         out["affinity"] = tc["affinity"]
@@ -125,7 +136,9 @@ def mount_covering(path: str, volume_mounts: list[dict[str, Any]] | None) -> dic
     """
     best = None
     for mount in volume_mounts or []:
-        root = str(mount.get("mountPath", "")).rstrip("/")
+        if not isinstance(mount, Mapping) or not isinstance(mount.get("mountPath"), str) or ".." in mount["mountPath"].split("/"):
+            continue
+        root = mount["mountPath"].rstrip("/")
         if root and (path == root or path.startswith(root + "/")):
             if best is None or len(root) > len(str(best.get("mountPath", "")).rstrip("/")):
                 best = mount

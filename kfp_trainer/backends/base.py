@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import OwnershipError
-from ..spec import LABEL_DIGEST, LABEL_RUN, LABEL_TASK, ApiVersion, TrainJobInputs, dig
+from ..spec import ALLOW_HOST_ACCESS_ANNOTATION, LABEL_DIGEST, LABEL_RUN, LABEL_TASK, ApiVersion, TrainJobInputs, dig
 
 
 class Phase(str, enum.Enum):
@@ -71,13 +71,16 @@ class RuntimeInfo:
     api_version: ApiVersion
     replicated_jobs: tuple[tuple[str, int], ...] = ()  # (name, pods per job)
     framework: str = ""
+    allow_host_access: bool = False  # the cluster admin allows host access (ClusterTrainingRuntime annotation)
 
     @classmethod
     def from_runtime(cls, runtime: dict[str, Any], *, name: str, kind: str, api_version: ApiVersion, num_nodes: int | None) -> RuntimeInfo:
         """Read a ClusterTrainingRuntime/TrainingRuntime object: its replicated jobs and pods per job.
 
         ``node`` runs ``num_nodes`` pods (the runtime's ``mlPolicy.numNodes`` when unset);
-        other replicated jobs run their template's ``parallelism`` (1 when unset).
+        other replicated jobs run their template's ``parallelism`` (1 when unset). Host access
+        is allowed only by a ClusterTrainingRuntime annotated ``ALLOW_HOST_ACCESS_ANNOTATION: "true"``
+        (namespace users can create TrainingRuntimes, so theirs cannot grant it).
         """
         spec = runtime.get("spec") or {}
         nodes = num_nodes or int((spec.get("mlPolicy") or {}).get("numNodes") or 1)
@@ -91,6 +94,8 @@ class RuntimeInfo:
             api_version=api_version,
             replicated_jobs=tuple(jobs),
             framework=((runtime.get("metadata") or {}).get("labels") or {}).get("trainer.kubeflow.org/framework", ""),
+            allow_host_access=kind == "ClusterTrainingRuntime"
+            and dig(runtime, "metadata", "annotations", ALLOW_HOST_ACCESS_ANNOTATION) == "true",
         )
 
     @property

@@ -63,3 +63,27 @@ def test_local_trainjob_initializer_reads_s3(s3, tmp_path, monkeypatch):
     )
     assert outcome.succeeded and "records 1" in out.getvalue()
     assert SECRET not in out.getvalue()
+
+
+def test_a_prefix_is_a_folder_and_never_matches_a_longer_name(s3, tmp_path):
+    client = boto3.client(
+        "s3", endpoint_url=s3["ENDPOINT"], region_name="us-east-1", aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET
+    )
+    client.put_object(Bucket="datasets", Key="addition-private/secret.jsonl", Body=b"not yours\n")
+    fetch("s3://datasets/addition", tmp_path / "data", kind="dataset", env=s3, ignore_patterns=["*.md"])
+    assert sorted(p.name for p in (tmp_path / "data").rglob("*") if p.is_file()) == ["test.jsonl", "train.jsonl"]
+    one = fetch("s3://datasets/addition/train.jsonl", tmp_path / "one", kind="dataset", env=s3)
+    assert one["files"] == 1 and (tmp_path / "one" / "train.jsonl").is_file()
+
+
+def test_object_keys_with_dot_dot_cannot_write_outside_the_destination(s3, tmp_path):
+    client = boto3.client(
+        "s3", endpoint_url=s3["ENDPOINT"], region_name="us-east-1", aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET
+    )
+    client.create_bucket(Bucket="hostile")
+    client.put_object(Bucket="hostile", Key="data/ok.txt", Body=b"fine\n")
+    client.put_object(Bucket="hostile", Key="data/../../escaped.txt", Body=b"gotcha\n")
+    dest = tmp_path / "deep" / "dest"
+    with pytest.raises(StorageError, match="outside"):
+        fetch("s3://hostile/data", dest, env=s3)
+    assert not any(p.name == "escaped.txt" for p in tmp_path.rglob("*"))

@@ -116,3 +116,17 @@ def test_every_chart_is_well_formed_svg():
     for svg in svgs:
         root = ET.fromstring(svg)
         assert root.tag.endswith("svg")
+
+
+def test_credentials_in_any_text_never_reach_the_page():
+    secret = "wJalrXUtnFEMIK7MDENGbPxRfiCYsecretKEY"
+    data = {
+        "trainjob": "ns/j", "phase": "Failed", "reason": "BackOff",
+        "message": f"pull s3://AKIAIOSFODNN7EXAMPLE:{secret}@bucket/x failed; HF_TOKEN={secret}",
+        "extra": {"base model": f"https://user:{secret}@example.com/m"},
+        "timeline": [(1.0, f"created with --hf-token={secret}")],
+        "status": {"conditions": [{"type": "Failed", "status": "True", "message": f"token hf_{'a' * 34}"}]},
+    }
+    for page in (render_html(data), render_markdown(data)):
+        assert secret not in page and "hf_" + "a" * 34 not in page and "AKIAIOSFODNN7EXAMPLE" not in page
+        assert "***" in page

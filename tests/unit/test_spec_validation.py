@@ -85,8 +85,48 @@ def test_bad_input_is_named_with_value_and_what_is_allowed(inputs, api_version, 
     assert any(m.startswith(f"{field}: got ") and text in m for m in messages), messages
 
 
-def test_there_are_at_least_thirty_cases():
-    assert len(BAD) >= 30
+# A valid value of each input the BAD table rejects (with the inputs it needs): a rule that
+# refused every value would still pass the table, but not this.
+GOOD = {
+    "runtime": ("torch-distributed-2", {}),
+    "runtime_kind": ("TrainingRuntime", {}),
+    "namespace": ("team-a", {}),
+    "image": ("ghcr.io/example/trainer:1.0", {}),
+    "num_nodes": (1024, {}),
+    "num_proc_per_node": (8, {}),
+    "resources_per_node": ({"requests": {"cpu": "2"}, "limits": {"cpu": "4", "memory": "16Gi"}}, {}),
+    "env": ([{"name": "EPOCHS", "value": "3"}, {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}], {}),
+    "dataset_uri": ("hf://tatsu-lab/alpaca", {}),
+    "model_uri": ("s3://models/qwen", {}),
+    "dataset_secret": ("hf-token", {"dataset_uri": "hf://a/b"}),
+    "model_secret": ("s3-creds", {"model_uri": "s3://b/m"}),
+    "dataset_env": ({"REGION": "eu"}, {"dataset_uri": "hf://a/b"}),
+    "labels": ({"team": "nlp"}, {}),
+    "pod_labels": ({"example.com/a": "b"}, {}),
+    "annotations": ({"example.com/note": "free text"}, {}),
+    "node_selector": ({"gpu": "a100-80gb"}, {}),
+    "tolerations": ([{"key": "k", "operator": "Exists", "effect": "NoSchedule"}], {}),
+    "affinity": ({"nodeAffinity": {}}, {}),
+    "volumes": ([PVC], {}),
+    "volume_mounts": ([{"name": "ws", "mountPath": "/data"}], {"volumes": [PVC]}),
+    "service_account": ("pipeline-runner", {}),
+    "image_pull_secrets": (["regcred"], {}),
+    "pod_targets": (["dataset-initializer"], {}),
+    "active_deadline_seconds": (60, {}),
+    "queue_name": ("team-queue", {}),
+    "name_prefix": ("train", {}),
+    "name": ("my-job", {}),
+    "run_id": ("run-2", {}),
+}
+
+
+def test_every_input_the_table_rejects_accepts_a_valid_value():
+    rejected_inputs = {key for inputs, *_ in BAD for key in inputs}
+    assert rejected_inputs - set(GOOD) == set(), "add a valid value for each input BAD covers"
+    for key in sorted(rejected_inputs):
+        value, needs = GOOD[key]
+        manifest = build_trainjob(**{**OK, **needs, key: value})
+        assert manifest["apiVersion"] == "trainer.kubeflow.org/v1alpha1", key
 
 
 def test_all_problems_are_reported_at_once():
