@@ -3,11 +3,13 @@
     kfp-trainer render --runtime torch-distributed --num-nodes 2 --run-id r1 --task-name train
     kfp-trainer launch --runtime torch-distributed --image my/trainer:1 --command python,train.py
     kfp-trainer run pipelines/llm_finetune --local
+    kfp-trainer gc [--namespace NS | --all-namespaces] [--older-than 24h] [--yes]
     kfp-trainer compile [--check]
 
 ``render`` prints the TrainJob as YAML (a dry run to ``kubectl apply``); ``launch`` runs one
 TrainJob to its end on the current cluster (or locally with ``--local``); ``run`` runs a whole
-pipeline with ``kfp.local``; ``compile`` regenerates the component and pipeline YAML and READMEs
+pipeline with ``kfp.local``; ``gc`` lists (and with ``--yes`` deletes) TrainJobs whose run or
+task is gone; ``compile`` regenerates the component and pipeline YAML and READMEs
 (``--check`` fails when they are stale).
 """
 
@@ -318,12 +320,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--param", action="append", metavar="NAME=VALUE", help="pipeline parameter (repeatable)")
     run.add_argument("--output", help="folder for artifacts and local TrainJobs (default: out/<pipeline>-<time>)")
     run.set_defaults(func=cmd_run)
+
+    from .gc import add_parser as add_gc_parser
+
+    add_gc_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kfp-trainer`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["launch"]:  # from here on a stop signal ends with the job deleted or never created
+        from . import cancel
+
+        cancel.install()
     if args[:1] == ["compile"]:  # the generator has its own flags
         from .compile import main as compile_main
 

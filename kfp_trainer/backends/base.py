@@ -116,6 +116,7 @@ class Submission:
     ref: JobRef
     adopted: bool  # True when an earlier try's TrainJob was found and followed
     replaced: bool = False  # True when an earlier try's Failed TrainJob was replaced
+    notes: tuple[str, ...] = ()  # what else submitting did, for the step's log (e.g. a stale job replaced)
 
 
 @dataclass(frozen=True)

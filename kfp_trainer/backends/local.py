@@ -44,12 +44,14 @@ from ..errors import RuntimeNotFoundError, UserError, ValidationError
 from ..spec import TrainJobInputs, dig
 from ..storage import fetch, redact
 from .base import Blocker, JobRef, JobStatus, LogLine, LogSink, Phase, RuntimeInfo, Submission, check_ownership, trainjob_status
+from .procs import ProcessId, descendants, kill_process, kill_tree
+
+__all__ = ["LocalBackend", "default_root", "descendants", "free_port"]
 
 log = logging.getLogger(__name__)
 ROOT_ENV = "KFP_TRAINER_LOCAL_ROOT"
 RUNTIMES_ENV = "KFP_TRAINER_RUNTIMES_DIR"
 WORKSPACE = "/workspace"
-KILL_GRACE = 5.0
 
 BUILTIN_RUNTIMES: dict[str, dict[str, Any]] = {
     "torch-distributed": {
@@ -203,12 +205,16 @@ class LocalBackend:
         command = self._command(manifest, workspace)  # fails before anything starts
         existing = _read_json(directory / "trainjob.json")
         replaced = False
+        notes: list[str] = []
         if existing is not None:
             check_ownership(manifest, existing, remedy=f"remove {directory}")
             phase = trainjob_status(existing).phase
-            alive = any(_pid_alive(p) for p in (existing.get("status") or {}).get("pids", []))
-            if phase is Phase.SUCCEEDED or (phase in (Phase.PENDING, Phase.RUNNING) and alive):
+            dead = _orphaned(existing)
+            if phase is Phase.SUCCEEDED or (phase in (Phase.PENDING, Phase.RUNNING, Phase.SUSPENDED) and dead is None):
                 return Submission(JobRef(namespace, ref.name, existing["metadata"]["uid"]), adopted=True)
+            if dead is not None:
+                who = f"pid {dead.pid}" if dead.pid else "not recorded"
+                notes.append(f"local TrainJob {ref} was left unfinished by a launcher that is gone ({who}); replacing it")
             self.delete(ref)
             replaced = True
         (directory / "logs").mkdir(parents=True, exist_ok=True)
@@ -217,14 +223,26 @@ class LocalBackend:
         obj = {
             **manifest,
             "metadata": {**manifest["metadata"], "namespace": namespace, "uid": uid, "creationTimestamp": _now()},
-            "status": {"conditions": [], "jobsStatus": []},
+            "status": {"conditions": [], "jobsStatus": [], "supervisor": ProcessId.of(os.getpid()).to_json()},
         }
         _write_json(directory / "trainjob.json", obj)
         job = _Job(directory)
         self.jobs[ref.name] = job
         job.thread = threading.Thread(target=self._supervise, args=(ref, obj, command, job), name=f"local-{ref.name}", daemon=True)
         job.thread.start()
-        return Submission(JobRef(namespace, ref.name, uid), adopted=False, replaced=replaced)
+        return Submission(JobRef(namespace, ref.name, uid), adopted=False, replaced=replaced, notes=tuple(notes))
+
+    def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
+        """After a cancel during :meth:`submit`: stop and remove this task's job if it was started."""
+        ref = JobRef(manifest["metadata"].get("namespace") or self.namespace, manifest["metadata"]["name"])
+        existing = _read_json(self.job_dir(ref) / "trainjob.json")
+        if existing is None:
+            return None
+        mine, theirs = manifest["metadata"].get("labels") or {}, existing["metadata"].get("labels") or {}
+        if mine != theirs:
+            return None
+        self.delete(ref, wait=wait)
+        return f"deleted local TrainJob {ref}"
 
     def _set_status(self, directory: Path, obj: dict[str, Any], **status: Any) -> None:
         obj["status"].update(status)
@@ -302,7 +320,11 @@ class LocalBackend:
                 out.close()
             pids = [p.pid for p in job.procs.values()]
             self._set_status(
-                directory, obj, pids=pids, jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}]
+                directory,
+                obj,
+                pids=pids,
+                processes=[ProcessId.of(pid).to_json() for pid in pids],
+                jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}],
             )
             codes = self._wait(job)
             if job.cancelled.is_set():
@@ -340,13 +362,26 @@ class LocalBackend:
         return codes
 
     def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
-        """Status changes read from the job's state file; ``None`` about every second as heartbeat."""
+        """Status changes read from the job's state file; ``None`` about every second as heartbeat.
+
+        A job adopted from another process is followed through its state file, and that
+        process (its supervisor) is checked on each read: when it is gone, nobody will record
+        the job's end, so its nodes are stopped and the job is reported failed.
+        """
         path = self.job_dir(ref) / "trainjob.json"
         last: tuple[Any, ...] | None = None
         while True:
             obj = _read_json(path)
             if obj is not None and ref.uid and obj["metadata"].get("uid") != ref.uid:
                 obj = None
+            job = self.jobs.get(ref.name)
+            dead = _orphaned(obj) if obj is not None and job is None else None
+            if dead is not None:
+                for process in _nodes(obj.get("status") or {}):
+                    kill_process(process)
+                message = f"the launcher supervising this local TrainJob (pid {dead.pid}) is gone; its nodes were stopped"
+                yield JobStatus(Phase.FAILED, "SupervisorLost", message, obj.get("status") or {})
+                return
             status = trainjob_status(obj)
             key = (status.phase, status.reason, status.message)
             if key != last:
@@ -356,7 +391,6 @@ class LocalBackend:
                     return
             else:
                 yield None
-            job = self.jobs.get(ref.name)
             if job is not None:  # started by this process: wake up on each change
                 job.changed.wait(1.0)
                 job.changed.clear()
@@ -424,8 +458,8 @@ class LocalBackend:
                 job.thread.join(wait)
         else:
             obj = _read_json(directory / "trainjob.json") or {}
-            for pid in (obj.get("status") or {}).get("pids") or []:
-                kill_tree(pid)
+            for process in _nodes(obj.get("status") or {}):
+                kill_process(process)  # only if the pid still names that process
         shutil.rmtree(directory, ignore_errors=True)
 
     def inspect_hint(self, ref: JobRef) -> str:
@@ -434,62 +468,28 @@ class LocalBackend:
         return f"  cat {directory}/trainjob.json\n  tail -f {directory}/logs/node-0.log"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:  # a zombie is dead, it only waits to be reaped
-        return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
-
-
-def descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (from /proc), children before grandchildren.
-
-    torchrun starts its workers in sessions of their own, so a process group is not
-    enough to find them.
-    """
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, queue = [], list(children.get(pid, []))
-    while queue:
-        child = queue.pop(0)
-        found.append(child)
-        queue.extend(children.get(child, []))
-    return found
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def kill_tree(pid: int, *, grace: float = KILL_GRACE, reap: subprocess.Popen[bytes] | None = None) -> None:
-    """SIGTERM ``pid`` (torchrun then stops its workers), then SIGKILL whatever of its tree is left."""
-    tree = descendants(pid)
-    _signal_all([pid], signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if reap is not None and reap.poll() is not None and not any(_pid_alive(p) for p in tree):
-            break
-        if reap is None and not _pid_alive(pid):
-            break
-        time.sleep(0.1)
-    _signal_all([pid, *tree, *descendants(pid)], signal.SIGKILL)
-    if reap is not None:
-        reap.wait()
-
-
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """Stop one node: its leader and every process it started."""
     kill_tree(proc.pid, reap=proc)
+
+
+def _supervisor(status: dict[str, Any]) -> ProcessId | None:
+    """The process that runs the job's supervisor thread (the launcher that created it)."""
+    return ProcessId.from_json(status.get("supervisor"))
+
+
+def _nodes(status: dict[str, Any]) -> list[ProcessId]:
+    """The job's node processes (pid and start time; bare pids from older state files)."""
+    found = [ProcessId.from_json(v) for v in status.get("processes") or status.get("pids") or []]
+    return [p for p in found if p is not None]
+
+
+def _orphaned(obj: dict[str, Any]) -> ProcessId | None:
+    """The dead supervisor of an unfinished job (nobody will ever record its end), else None."""
+    status = obj.get("status") or {}
+    if trainjob_status(obj).phase.finished:
+        return None
+    supervisor = _supervisor(status)
+    if supervisor is None:
+        return ProcessId(0, 0)  # written by a version that did not record it: nobody can vouch for it
+    return None if supervisor.alive() else supervisor
