@@ -42,7 +42,7 @@ T = TypeVar("T")
 RBAC_HINT = "apply deploy/rbac.yaml in this namespace (see the README's cluster setup)"
 _RBAC_DENIAL = re.compile(r'cannot (\w+) resource "([^"]+)"(?: in API group "([^"]*)")?')
 _POLICY_DENIAL = ("admission webhook", "denied the request", "ValidatingAdmissionPolicy", "exceeded quota", "denied request")
-_TOO_LARGE = ("request is too large", "request entity too large", "too large")
+_TOO_LARGE = ("request is too large", "entity too large", "too large", "larger than max")
 
 
 class NotFound(KfpTrainerError):
@@ -91,6 +91,8 @@ def too_large(status: int, message: str) -> bool:
 
     Example:
         >>> too_large(500, "etcdserver: request is too large")
+        True
+        >>> too_large(500, "rpc error: code = ResourceExhausted desc = trying to send message larger than max (2098831 vs. 2097152)")
         True
         >>> too_large(500, "etcdserver: leader changed")
         False
