@@ -211,10 +211,18 @@ def diagnose(api: ApiClient, ref: JobRef, *, tail: int = 40, created: str = "", 
         events = []
     related = [e for e in events if belongs(api.sanitize_for_serialization(e), ref, created)]
     related.sort(key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
-    if related:
+    grouped: dict[tuple[str, str, str, str], tuple[str, int]] = {}  # the same complaint once, with a count
+    for e in related:
+        key = (e.type, e.reason, e.involved_object.kind, e.involved_object.name)
+        _, count = grouped.pop(key, ("", 0))
+        grouped[key] = (e.message or "", count + (e.count or 1))
+    if grouped:
         parts.append(
             "Recent events:\n"
-            + "\n".join(f"  {e.type} {e.reason} {e.involved_object.kind}/{e.involved_object.name}: {e.message}" for e in related[-10:])
+            + "\n".join(
+                f"  {kind_} {reason} {obj_kind}/{name}: {message}" + (f" (x{count})" if count > 1 else "")
+                for (kind_, reason, obj_kind, name), (message, count) in list(grouped.items())[-10:]
+            )
         )
     if failing:
         pod_name, container, restarted = failing
