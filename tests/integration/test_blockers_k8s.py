@@ -57,4 +57,3 @@ def test_pods_refused_at_creation_fail_the_step_within_seconds(api_client, names
     assert words in str(info.value)
     assert "not starting yet: FailedCreate: Job" in out.getvalue()
     wait_for(lambda: trainjobs(api_client, namespace) == [], timeout=10, what="the TrainJob deleted")
-
