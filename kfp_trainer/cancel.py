@@ -64,7 +64,12 @@ def cancelled(signum: int) -> CancelledError:
 
 
 def _active() -> bool:
-    return _latch.installed and threading.current_thread() is threading.main_thread()
+    if not _latch.installed or threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGTERM) != _latch.handler:  # someone replaced ours since
+        _latch.installed = False
+        return False
+    return True
 
 
 def install() -> bool:
@@ -74,7 +79,7 @@ def install() -> bool:
         True when this call installed the handlers; False when they were already
         installed or this is not the main thread.
     """
-    if _latch.installed or threading.current_thread() is not threading.main_thread():
+    if _active() or threading.current_thread() is not threading.main_thread():
         return False
     _latch.previous = {s: signal.signal(s, _latch.handler) for s in SIGNALS}
     _latch.installed, _latch.mode, _latch.pending = True, RAISE, None

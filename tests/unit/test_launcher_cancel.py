@@ -147,7 +147,8 @@ def test_outside_the_main_thread_signals_are_left_alone():
     import threading
 
     seen = []
-    thread = threading.Thread(target=lambda: seen.append(cancel.install()))
+    before = signal.getsignal(signal.SIGTERM)
+    thread = threading.Thread(target=lambda: seen.append((cancel.install(), cancel.installed())))
     thread.start()
     thread.join()
-    assert seen == [False] and not cancel.installed()
+    assert seen == [(False, False)] and signal.getsignal(signal.SIGTERM) == before

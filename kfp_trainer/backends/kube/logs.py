@@ -278,12 +278,7 @@ class NodeLogFollower:
         """:meth:`_read`, with interruptions answered by a pause (False); 403 ends the follower."""
         try:
             return self._read(pod, cursor, follow=follow, previous=previous)
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
-            if not self.stop.is_set():
-                log.info("%s: log stream of %s interrupted (%s); resuming", self.source, pod, e)
-                self.sleep(min(self.poll, 1.0))
-            return False
-        except ForbiddenError:
+        except ForbiddenError:  # (our errors first: a UserError is also a ValueError)
             raise
         except NotFound:  # the pod is gone; the pod watch tells what replaced it
             return True
@@ -291,4 +286,9 @@ class NodeLogFollower:
             log.info("%s: %s", self.source, e)
             if not self.stop.is_set():
                 self.sleep(self.poll)
+            return False
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            if not self.stop.is_set():
+                log.info("%s: log stream of %s interrupted (%s); resuming", self.source, pod, e)
+                self.sleep(min(self.poll, 1.0))
             return False

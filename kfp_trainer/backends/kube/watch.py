@@ -28,7 +28,7 @@ from typing import Any
 import urllib3
 from kubernetes.client import ApiClient
 
-from ...errors import InfraError
+from ...errors import InfraError, KfpTrainerError, UserError
 from .api import TRANSIENT, Gone, NotFound, RetryPolicy, call, request, translate
 
 log = logging.getLogger(__name__)
@@ -172,6 +172,8 @@ def watch(
         except Gone as e:
             log.info("watch %s: %s; relisting", path, e)
             version = None
+        except KfpTrainerError:  # mapped already (e.g. 403 on the list): not a dropped stream
+            raise
         except STREAM_ERRORS as e:
             if handle.closed:
                 return
@@ -255,6 +257,8 @@ def wait_gone(
                     return []
         except Gone:
             version = None
+        except UserError:
+            raise
         except (*STREAM_ERRORS, *TRANSIENT, InfraError) as e:
             if isinstance(e, TRANSIENT) and not isinstance(e, STREAM_ERRORS):
                 error = translate(e, f"watch {path}")
