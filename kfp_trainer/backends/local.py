@@ -16,7 +16,12 @@ For one TrainJob manifest it:
 Paths starting with ``/workspace`` in the command, args and env are mapped to the job's
 local workspace, so commands written for the Trainer runtimes' layout run unchanged.
 
-State lives in files, so a second launcher (a retry) can adopt a running or finished job.
+State lives in files, so a second launcher (a retry) can adopt a running or finished job. The
+state names the launcher process that supervises the job, and each node process, by pid and
+start time (:mod:`kfp_trainer.backends.procs`): a retry that finds the supervisor gone (killed,
+or its pid now held by another process) replaces the job, and a launcher following an adopted
+job reports it failed (``SupervisorLost``) when its supervisor dies -- nobody would ever record
+its end otherwise.
 Runtimes: ``torch-distributed`` is built in; ClusterTrainingRuntime/TrainingRuntime YAML files
 in ``runtimes_dir`` (or ``$KFP_TRAINER_RUNTIMES_DIR``) are read too, so local runs mirror a
 cluster's runtimes.
@@ -29,54 +34,40 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..errors import RuntimeNotFoundError, UserError, ValidationError
-from ..spec import TrainJobInputs, dig
+from ..errors import RuntimeNotFoundError, UserError
+from ..spec import TrainJobInputs
 from ..storage import fetch, redact
 from .base import Blocker, JobRef, JobStatus, LogLine, LogSink, Phase, RuntimeInfo, Submission, check_ownership, trainjob_status
+from .local_runtime import (
+    BUILTIN_RUNTIMES,
+    RUNTIMES_ENV,
+    WORKSPACE,
+    free_port,
+    initializer_env,
+    load_runtimes,
+    map_workspace,
+    node_env,
+    trainer_command,
+)
 from .procs import ProcessId, descendants, kill_process, kill_tree
 
-__all__ = ["LocalBackend", "default_root", "descendants", "free_port"]
+__all__ = ["BUILTIN_RUNTIMES", "LocalBackend", "default_root", "descendants", "free_port"]
 
 log = logging.getLogger(__name__)
 ROOT_ENV = "KFP_TRAINER_LOCAL_ROOT"
-RUNTIMES_ENV = "KFP_TRAINER_RUNTIMES_DIR"
-WORKSPACE = "/workspace"
-
-BUILTIN_RUNTIMES: dict[str, dict[str, Any]] = {
-    "torch-distributed": {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": "torch-distributed", "labels": {"trainer.kubeflow.org/framework": "torch"}},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {"spec": {"replicatedJobs": [{"name": "node"}]}},
-        },
-    },
-}
 
 
 def default_root() -> Path:
     """Where local TrainJobs keep their state: ``$KFP_TRAINER_LOCAL_ROOT`` or a user cache dir."""
     env = os.environ.get(ROOT_ENV)
     return Path(env) if env else Path.home() / ".cache" / "kfp-trainer" / "local-jobs"
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -127,13 +118,7 @@ class LocalBackend:
 
     def runtimes(self) -> dict[str, dict[str, Any]]:
         """Built-in runtimes plus those in ``runtimes_dir`` (YAML), by ``Kind/name``."""
-        found = {f"ClusterTrainingRuntime/{name}": rt for name, rt in BUILTIN_RUNTIMES.items()}
-        if self.runtimes_dir and self.runtimes_dir.is_dir():
-            for path in sorted(self.runtimes_dir.glob("*.y*ml")):
-                for doc in yaml.safe_load_all(path.read_text()):
-                    if isinstance(doc, dict) and doc.get("kind") in ("ClusterTrainingRuntime", "TrainingRuntime"):
-                        found[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
-        return found
+        return load_runtimes(self.runtimes_dir)
 
     def resolve_runtime(self, inputs: TrainJobInputs) -> RuntimeInfo:
         """Find the runtime among the built-in and configured ones."""
@@ -154,47 +139,12 @@ class LocalBackend:
 
     def host_path(self, ref: JobRef, path: str) -> Path:
         """Map a path as the trainer sees it (``/workspace/...``) to this machine."""
-        return Path(self._map(path, self.job_dir(ref) / "workspace"))
-
-    @staticmethod
-    def _map(value: str, workspace: Path) -> str:
-        if value == WORKSPACE or value.startswith(WORKSPACE + "/"):
-            return str(workspace) + value[len(WORKSPACE) :]
-        return value.replace("=" + WORKSPACE + "/", "=" + str(workspace) + "/")
+        return Path(map_workspace(path, self.job_dir(ref) / "workspace"))
 
     # ------------------------------------------------------------------ lifecycle
     def _runtime_doc(self, manifest: dict[str, Any]) -> dict[str, Any]:
         ref = manifest["spec"]["runtimeRef"]
         return self.runtimes().get(f"{ref.get('kind', 'ClusterTrainingRuntime')}/{ref['name']}") or {}
-
-    def _command(self, manifest: dict[str, Any], workspace: Path) -> list[str]:
-        trainer = manifest["spec"].get("trainer") or {}
-        command = list(trainer.get("command") or [])
-        args = list(trainer.get("args") or [])
-        if not command:
-            container = self._node_container(self._runtime_doc(manifest))
-            command = list(container.get("command") or [])
-            args = args or list(container.get("args") or [])
-        if not command:
-            raise ValidationError("command", command, "a trainer command: local runs have no container image entry point")
-        full = [self._map(part, workspace) for part in command + args]
-        bin_dir = Path(sys.executable).parent
-        if full[0] in ("python", "python3"):
-            full[0] = sys.executable
-        elif (bin_dir / full[0]).exists():
-            full[0] = str(bin_dir / full[0])
-        if shutil.which(full[0]) is None:
-            raise ValidationError("command[0]", full[0], "an executable found on this machine's PATH (local mode runs it directly)")
-        return full
-
-    @staticmethod
-    def _node_container(runtime: dict[str, Any]) -> dict[str, Any]:
-        for rj in dig(runtime, "spec", "template", "spec", "replicatedJobs") or []:
-            if rj.get("name") == "node":
-                for c in dig(rj, "template", "spec", "template", "spec", "containers") or []:
-                    if c.get("name") == "node":
-                        return c
-        return {}
 
     def submit(self, manifest: dict[str, Any]) -> Submission:
         """Start the job, or adopt this task's earlier one (replacing it if it failed)."""
@@ -202,7 +152,7 @@ class LocalBackend:
         ref = JobRef(namespace, manifest["metadata"]["name"])
         directory = self.job_dir(ref)
         workspace = directory / "workspace"
-        command = self._command(manifest, workspace)  # fails before anything starts
+        command = trainer_command(manifest, self._runtime_doc(manifest), workspace)  # fails before anything starts
         existing = _read_json(directory / "trainjob.json")
         replaced = False
         notes: list[str] = []
@@ -255,37 +205,6 @@ class LocalBackend:
         condition = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": _now()}
         self._set_status(directory, obj, conditions=[condition])
 
-    @staticmethod
-    def _initializer_env(manifest: dict[str, Any], kind: str) -> dict[str, str]:
-        """The shell's environment plus the initializer's literal env (secrets come from the shell)."""
-        env = dict(os.environ)
-        for item in ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("env") or []:
-            if "value" in item:
-                env[item["name"]] = str(item["value"])
-        return env
-
-    def _env(self, manifest: dict[str, Any], runtime: dict[str, Any], workspace: Path, nodes: int) -> dict[str, str]:
-        """The environment every node shares; torch runtimes get the PET_* rendezvous (not the rank)."""
-        env = dict(os.environ)
-        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-        env["PYTHONUNBUFFERED"] = "1"
-        env["KFP_TRAINER_WORKSPACE"] = str(workspace)
-        for item in (manifest["spec"].get("trainer") or {}).get("env") or []:
-            if "value" in item:
-                env[item["name"]] = self._map(str(item["value"]), workspace)
-            elif item["name"] not in os.environ:
-                log.warning("env %s comes from a Secret/ConfigMap reference; set it in this shell for local runs", item["name"])
-        policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
-        if "torch" in policy:
-            trainer = manifest["spec"].get("trainer") or {}
-            env.update(
-                PET_NNODES=str(nodes),
-                PET_NPROC_PER_NODE=str(trainer.get("numProcPerNode") or (policy["torch"] or {}).get("numProcPerNode") or "auto"),
-                PET_MASTER_ADDR="127.0.0.1",
-                PET_MASTER_PORT=str(free_port()),
-            )
-        return env
-
     def _supervise(self, ref: JobRef, obj: dict[str, Any], command: list[str], job: _Job) -> None:
         directory, workspace = job.dir, job.dir / "workspace"
         manifest = obj
@@ -295,7 +214,7 @@ class LocalBackend:
                 if uri and not job.cancelled.is_set():
                     with open(directory / "logs" / f"{kind}-initializer.log", "a") as out:
                         out.write(f"{_now()} fetching {redact(uri)} into {WORKSPACE}/{kind}\n")
-                    fetch(uri, workspace / kind, kind=kind, env=self._initializer_env(manifest, kind))
+                    fetch(uri, workspace / kind, kind=kind, env=initializer_env(manifest, kind))
             runtime = self._runtime_doc(manifest)
             torch = "torch" in ((runtime.get("spec") or {}).get("mlPolicy") or {})
             nodes = int(
@@ -303,7 +222,7 @@ class LocalBackend:
                 or ((runtime.get("spec") or {}).get("mlPolicy") or {}).get("numNodes")
                 or 1
             )
-            env = self._env(manifest, runtime, workspace, nodes)
+            env = node_env(manifest, runtime, workspace, nodes)
             for node in range(nodes):
                 if job.cancelled.is_set():
                     return
