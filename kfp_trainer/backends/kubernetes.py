@@ -86,9 +86,9 @@ class KubernetesBackend:
 
     def detect_api_version(self, namespace: str | None = None) -> ApiVersion:
         """The Trainer API the cluster serves (``v2.2`` or ``v2.1``), unless one was forced."""
-        if self._api_version in ("v2.1", "v2.2"):
-            return self._api_version  # type: ignore[return-value]
-        return discovery.detect_api_version(self.api, namespace=namespace or self.default_namespace(), policy=self.policy)
+        if self._api_version not in ("v2.1", "v2.2"):  # asked once per backend
+            self._api_version = discovery.detect_api_version(self.api, namespace=namespace or self.default_namespace(), policy=self.policy)
+        return self._api_version  # type: ignore[return-value]
 
     def resolve_runtime(self, inputs: TrainJobInputs) -> RuntimeInfo:
         """Fetch the referenced runtime; raise :class:`RuntimeNotFoundError` listing those that exist."""

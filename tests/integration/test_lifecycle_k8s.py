@@ -28,7 +28,6 @@ from kubernetes import client
 from kfp_trainer import spec
 from kfp_trainer.backends import owner
 from kfp_trainer.backends.base import JobRef
-from kfp_trainer.backends.kube import discovery
 from kfp_trainer.backends.kube.watch import watch
 from kfp_trainer.errors import DeletionTimeoutError, ForbiddenError, RejectedError
 
@@ -239,16 +238,11 @@ def test_forcing_v21_on_a_v22_cluster_says_which_api_to_use(api_client, namespac
 def test_a_v22_manifest_on_a_v21_cluster_says_which_api_to_use_and_auto_detects_it(cluster, api_client, namespace):
     m = owner.annotate(spec.render(manifest_inputs(namespace), api_version="v2.2"))
     rec = recording(api_client)
-    discovery.forget_detected()
-    try:
-        with cluster.use_trainjob_crd(OLDER / "trainjobs-v2.1.0.yaml"):
-            with pytest.raises(RejectedError, match="this cluster serves Trainer v2.1.*use api_version auto or v2.1"):
-                backend(api_client, namespace, api_version="v2.2").submit(m)
-            assert backend(rec, namespace).detect_api_version() == "v2.1"
-        discovery.forget_detected()
-        assert backend(rec, namespace).detect_api_version() == "v2.2"
-    finally:
-        discovery.forget_detected()
+    with cluster.use_trainjob_crd(OLDER / "trainjobs-v2.1.0.yaml"):
+        with pytest.raises(RejectedError, match="this cluster serves Trainer v2.1.*use api_version auto or v2.1"):
+            backend(api_client, namespace, api_version="v2.2").submit(m)
+        assert backend(rec, namespace).detect_api_version() == "v2.1"
+    assert backend(rec, namespace).detect_api_version() == "v2.2"
     # Two detections, one small dry-run request each; the 1 MB OpenAPI document is never read.
     assert rec.count("POST", "/trainjobs", dryRun="All") == 2
     assert rec.count("GET", "/openapi/") == 0

@@ -6,8 +6,7 @@ dry-run create of a TrainJob carrying an empty ``runtimePatches`` under strict f
 validation. The server decodes the body before anything else it does; a v2.1 API answers
 "unknown field spec.runtimePatches", a v2.2+ API gets past decoding (to an admission answer or
 a dry-run success, nothing stored). When the dry run is not allowed, the TrainJob schema is
-read from the OpenAPI v3 document (about 1 MB, compressed on the wire). The answer is kept
-per cluster for the life of the process.
+read from the OpenAPI v3 document (about 1 MB). The backend asks once and keeps the answer.
 
 Example:
     >>> api = load_api_client()                          # doctest: +SKIP
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import Any
 
 from kubernetes import client, config
@@ -33,8 +31,6 @@ from .api import NotFound, RetryPolicy, call, request
 
 log = logging.getLogger(__name__)
 PROBE_RUNTIME = "kfp-trainer-api-probe"
-_detected: dict[str, ApiVersion] = {}
-_lock = threading.Lock()
 
 
 def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> ApiClient:
@@ -58,26 +54,13 @@ def default_namespace() -> str:
         return "default"
 
 
-def forget_detected() -> None:
-    """Drop the per-cluster answers (tests swap the TrainJob CRD under a running process)."""
-    with _lock:
-        _detected.clear()
-
-
 def detect_api_version(api: ApiClient, *, namespace: str, policy: RetryPolicy = RetryPolicy()) -> ApiVersion:
     """The Trainer API the cluster serves: ``v2.2`` (runtimePatches) or ``v2.1`` (podTemplateOverrides).
 
     Raises:
         UserError: The cluster serves no TrainJob kind, or neither field.
     """
-    key = str(api.configuration.host)
-    with _lock:
-        if key in _detected:
-            return _detected[key]
-    found = _probe(api, namespace, policy) or _from_openapi(api, policy)
-    with _lock:
-        _detected[key] = found
-    return found
+    return _probe(api, namespace, policy) or _from_openapi(api, policy)
 
 
 def _probe(api: ApiClient, namespace: str, policy: RetryPolicy) -> ApiVersion | None:
