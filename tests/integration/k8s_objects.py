@@ -31,6 +31,7 @@ class RecordingApiClient(client.ApiClient):
     def __init__(self, configuration: client.Configuration, before=None) -> None:
         super().__init__(configuration)
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
+        self.refused: list[tuple[int, str, str]] = []  # (status, method, path) of failed requests
         self.before = before
 
     def call_api(self, resource_path, method, path_params=None, query_params=None, *args, **kwargs):
@@ -41,7 +42,11 @@ class RecordingApiClient(client.ApiClient):
         self.requests.append(entry)
         if self.before is not None:
             self.before(entry)
-        return super().call_api(resource_path, method, path_params, query_params, *args, **kwargs)
+        try:
+            return super().call_api(resource_path, method, path_params, query_params, *args, **kwargs)
+        except client.ApiException as e:
+            self.refused.append((e.status, method, path))
+            raise
 
     def count(self, method: str, path_part: str = "", **query: str) -> int:
         return sum(

@@ -266,3 +266,53 @@ def test_a_watch_from_a_compacted_version_gets_a_real_410_and_relists(api_client
     first = next(e for e in events if e is not None)
     # Started from a version, the watch lists only after the server said 410 Gone.
     assert first[0] == "LIST" and [i["metadata"]["uid"] for i in first[1]["items"]] == [sub.ref.uid]
+
+
+# ----------------------------------------------------------------------------- least privilege
+
+
+def test_the_pipeline_runner_role_covers_submit_replace_and_delete(cluster, api_client, namespace):
+    import uuid
+
+    import yaml
+
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    client.CoreV1Api(api_client).create_namespaced_service_account(namespace, {"metadata": {"name": "pipeline-runner"}})
+    docs = [d for d in yaml.safe_load_all((Path(__file__).resolve().parents[2] / "deploy" / "rbac.yaml").read_text()) if d]
+    suffix = uuid.uuid4().hex[:8]
+    cleanup = []
+    for doc in docs:
+        doc["metadata"].pop("namespace", None)
+        for subject in doc.get("subjects") or []:
+            subject["namespace"] = namespace
+        if doc["kind"] == "Role":
+            rbac.create_namespaced_role(namespace, doc)
+        elif doc["kind"] == "RoleBinding":
+            rbac.create_namespaced_role_binding(namespace, doc)
+        else:
+            doc["metadata"]["name"] += f"-{suffix}"
+            if doc["kind"] == "ClusterRole":
+                rbac.create_cluster_role(doc)
+                cleanup.append((rbac.delete_cluster_role, doc["metadata"]["name"]))
+            else:
+                doc["roleRef"]["name"] += f"-{suffix}"
+                rbac.create_cluster_role_binding(doc)
+                cleanup.append((rbac.delete_cluster_role_binding, doc["metadata"]["name"]))
+    runner = recording(cluster.api_client())
+    runner.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:pipeline-runner")
+    try:
+        kube = backend(runner, namespace)
+        assert kube.detect_api_version() == "v2.2"
+        stale = kube.submit(manifest(namespace, dead_launcher(), run="r1", env={"LR": "1"}))
+        fresh = kube.submit(manifest(namespace, run="r1", env={"LR": "2"}))
+        assert any("replaced stale" in n for n in fresh.notes) and get_trainjob(api_client, namespace, stale.ref.name) is None
+        assert kube.delete(fresh.ref, wait=10) == ""
+        assert rec_paths(runner, "/jobs", "/pods")  # the deletion waited on Jobs and pods too, as the runner
+        assert [r for r in runner.refused if r[0] == 403] == []
+    finally:
+        for delete, name in cleanup:
+            delete(name)
+
+
+def rec_paths(rec, *parts: str) -> bool:
+    return all(any(part in path for _, path, _ in rec.requests) for part in parts)
