@@ -217,9 +217,15 @@ class KubernetesBackend:
             thread.start()
         while any(t.is_alive() for t in threads) and not stop.wait(0.25):
             pass
-        deadline = time.monotonic() + self.log_drain  # streams still open get a moment to end on their own
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        pods.wake()  # followers waiting on the pod watch see ``stop`` at once
+        # A stream whose container stopped is cut now (the rest is read once from the cursor);
+        # one whose container still runs gets ``log_drain`` seconds to end on its own.
+        deadline = time.monotonic() + self.log_drain
+        while (alive := [t for t in threads if t.is_alive()]) and time.monotonic() < deadline:
+            for follower in followers:
+                if follower.written():
+                    follower.interrupt()
+            alive[0].join(0.01)
         for follower in followers:
             follower.interrupt()
         for thread in threads:

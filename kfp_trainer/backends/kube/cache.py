@@ -80,6 +80,11 @@ class ObjectCache:
         with self._changed:
             self._changed.notify_all()
 
+    def wake(self) -> None:
+        """Make waiters look at their ``stop`` event now (call after setting it)."""
+        with self._changed:
+            self._changed.notify_all()
+
     def objects(self) -> list[dict[str, Any]]:
         """A snapshot of the current objects."""
         with self._changed:
@@ -103,8 +108,8 @@ class ObjectCache:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                # Wake up now and then to notice ``stop`` (an Event cannot notify this condition).
-                self._changed.wait(0.25 if left is None else min(0.25, left))
+                # Whoever sets ``stop`` calls wake(); the timeout only bounds a missed wake-up.
+                self._changed.wait(1.0 if left is None else min(1.0, left))
 
     def _apply(self, event: Event | None) -> None:
         if event is None:
