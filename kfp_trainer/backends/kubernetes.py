@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,7 +44,6 @@ class KubernetesBackend:
         policy: Retries of transient API errors.
         heartbeat: Seconds between the status watch's heartbeats (no request involved).
         log_read_timeout: A log stream quiet this long is re-opened from its cursor.
-        log_drain: After the job ends, how long a log stream still open may take to end.
         replace_timeout: How long an earlier try's job may take to go before replacing it.
     """
 
@@ -59,7 +57,6 @@ class KubernetesBackend:
         policy: RetryPolicy = RetryPolicy(),
         heartbeat: float = 1.0,
         log_read_timeout: float = 300.0,
-        log_drain: float = 5.0,
         replace_timeout: float = 120.0,
     ) -> None:
         self.api = api
@@ -69,7 +66,6 @@ class KubernetesBackend:
         self.policy = policy
         self.heartbeat = heartbeat
         self.log_read_timeout = log_read_timeout
-        self.log_drain = log_drain
         self.lifecycle = Lifecycle(api, policy=policy, replace_timeout=replace_timeout)
         self.runtime: RuntimeInfo | None = None
         self._trackers: dict[tuple[str, str], inspect.JobTracker] = {}
@@ -218,14 +214,9 @@ class KubernetesBackend:
         while any(t.is_alive() for t in threads) and not stop.wait(0.25):
             pass
         pods.wake()  # followers waiting on the pod watch see ``stop`` at once
-        # A stream whose container stopped is cut now (the rest is read once from the cursor);
-        # one whose container still runs gets ``log_drain`` seconds to end on its own.
-        deadline = time.monotonic() + self.log_drain
-        while (alive := [t for t in threads if t.is_alive()]) and time.monotonic() < deadline:
-            for follower in followers:
-                if follower.written():
-                    follower.interrupt()
-            alive[0].join(0.01)
+        # The job has ended (or is being cancelled): a stream still open is cut and the follower
+        # reads the rest once from its cursor -- a server can take seconds to end such a stream
+        # on its own. A follower that already read its container to the end makes no request.
         for follower in followers:
             follower.interrupt()
         for thread in threads:

@@ -193,17 +193,3 @@ def test_a_finished_container_seen_only_after_the_job_ended_is_still_read():
 def test_lines_reach_the_sink_as_log_lines():
     assert LogLine("node-0", "x").text == "x"
 
-
-def test_a_stream_of_a_stopped_container_can_be_cut_at_once():
-    hanging = Body([stamped(1, "a")], hang=True)
-    server = LogServer([hanging, Body([stamped(1, "a"), stamped(2, "last words")])])
-    pods = Pods(pod("running"))
-    f, thread, stop, lines = follower(server, pods)
-    wait_lines(lines, 1)
-    assert not f.written()  # still running: its log may grow
-    pods.set(pod("terminated", phase="Succeeded"))
-    assert f.written()
-    stop.set()
-    f.interrupt()
-    thread.join(5)
-    assert lines == ["a", "last words"]

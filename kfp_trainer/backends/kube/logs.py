@@ -14,10 +14,10 @@ of the last line (and how many lines carried exactly that timestamp):
 * a dropped connection, or one quiet for ``read_timeout`` seconds, resumes from ``sinceTime``
   and skips what was already shown;
 * when the launcher sets ``stop`` (the TrainJob finished, or the run is being cancelled), a
-  follower that has read its container to the end returns at once; one still streaming a
-  container that has stopped is interrupted and reads the rest once from its cursor (a server
-  may take seconds to end such a stream); one streaming a container that still runs gets a
-  drain first.
+  follower that has read its container to the end returns at once, without a request; one
+  still streaming is interrupted (:meth:`NodeLogFollower.interrupt`) and reads the rest once
+  from its cursor -- a finished job's containers have stopped, so that read is complete, while
+  a server may take seconds to end the stream on its own.
 
 A ``403`` on ``pods/log`` is reported once, naming the missing permission, and ends the follower.
 """
@@ -172,7 +172,6 @@ class NodeLogFollower:
         self.cursors: dict[str, _Cursor] = {}  # by pod uid
         self.done: set[tuple[str, int]] = set()  # container instances read to their end
         self.lines = 0
-        self.following: tuple[str, int] | None = None  # the container instance a follow read is on
         self._response: Any = None
 
     def interrupt(self) -> None:
@@ -180,15 +179,6 @@ class NodeLogFollower:
         response = self._response
         if response is not None:
             shutdown(response)
-
-    def written(self) -> bool:
-        """Whether the container instance being followed has stopped: its whole log is written.
-
-        Then one read from the cursor gets the rest at once; waiting for the server to end the
-        stream can take seconds (a kubelet notices a stopped container only now and then).
-        """
-        following = self.following
-        return following is not None and _instance_over(self._mine(self.pods.objects()), following)
 
     # -- pods
     def _mine(self, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -275,12 +265,7 @@ class NodeLogFollower:
             if self._safe_read(name, cursor, follow=False):
                 self.done.add(instance)
             return
-        self.following = instance
-        try:
-            ended = self._safe_read(name, cursor, follow=True)
-        finally:
-            self.following = None
-        if ended:
+        if self._safe_read(name, cursor, follow=True):
             # The server ends a follow stream when the instance stops: wait for the pod watch to say so.
             over = self.pods.wait(
                 lambda pods: True if _instance_over(self._mine(pods), instance) else None, timeout=self.settle, stop=self.stop
