@@ -365,7 +365,7 @@ class LocalBackend:
             parts.append(f"Last {len(lines)} log lines of node-{failing}:\n" + "\n".join("  " + line for line in lines))
         return "\n\n".join(parts)
 
-    def delete(self, ref: JobRef, *, wait: float = 30.0) -> None:
+    def delete(self, ref: JobRef, *, wait: float = 30.0) -> str | None:
         """Kill the job's whole process tree and remove its state."""
         job = self.jobs.pop(ref.name, None)
         directory = self.job_dir(ref)
@@ -380,6 +380,7 @@ class LocalBackend:
             for process in _nodes(obj.get("status") or {}):
                 kill_process(process)  # only if the pid still names that process
         shutil.rmtree(directory, ignore_errors=True)
+        return None
 
     def inspect_hint(self, ref: JobRef) -> str:
         """Where the local job's files are."""

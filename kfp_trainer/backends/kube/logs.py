@@ -148,7 +148,7 @@ class NodeLogFollower:
         pods: ObjectCache | None = None,
         poll: float = 1.0,
         read_timeout: float = 300.0,
-        settle: float = 10.0,
+        settle: float = 2.0,
         policy: RetryPolicy = RetryPolicy(),
         sleep: Callable[[float], None] | None = None,
     ) -> None:
