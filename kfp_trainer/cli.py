@@ -330,18 +330,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kfp-trainer`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["launch"]:  # from here on a stop signal ends with the job deleted or never created
-        from . import cancel
-
-        cancel.install()
     if args[:1] == ["compile"]:  # the generator has its own flags
         from .compile import main as compile_main
 
         return compile_main(args[1:])
-    parser = build_parser()
-    ns = parser.parse_args(args)
-    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
+        if args[:1] == ["launch"]:  # from here on a stop signal ends with the job deleted or never created
+            from . import cancel
+
+            cancel.install()
+        parser = build_parser()
+        ns = parser.parse_args(args)
+        logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         return int(ns.func(ns) or 0)
     except KfpTrainerError as e:
         print(f"error: {e}", file=sys.stderr)

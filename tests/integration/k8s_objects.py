@@ -1,8 +1,10 @@
-"""Helpers for tests on the real API server without the Trainer/JobSet controllers.
+"""Helpers for tests on the real API server that play the Trainer/JobSet controllers themselves.
 
-They stand in for the controllers only where a test needs something to exist (a Job owned by a
-TrainJob, a finished status): everything else is the real API server, garbage collector and
-Job controller.
+The TrainJobs they create carry ``managedBy: kueue.x-k8s.io/multikueue``, which a real Trainer
+controller leaves alone, so the tests behave the same with or without controllers installed.
+The helpers stand in for the controllers only where a test needs something to exist (a Job
+owned by a TrainJob, a finished status): everything else is the real API server, garbage
+collector and Job controller.
 """
 
 from __future__ import annotations
@@ -23,6 +25,19 @@ from kfp_trainer.backends.procs import ProcessId
 from kfp_trainer.spec import TrainJobInputs
 
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+INERT = "kueue.x-k8s.io/multikueue"  # a managedBy value the Trainer controller does not reconcile
+
+
+def inert(manifest: dict) -> dict:
+    """``manifest`` with a managedBy that keeps a real Trainer controller away from it."""
+    return {**manifest, "spec": {**manifest["spec"], "managedBy": INERT}}
+
+
+class InertBackend(KubernetesBackend):
+    """The real backend; the jobs it creates are left to the test, not to a controller."""
+
+    def submit(self, manifest):
+        return super().submit(inert(manifest))
 
 
 class RecordingApiClient(client.ApiClient):
@@ -59,7 +74,7 @@ def recording(api: client.ApiClient, before=None) -> RecordingApiClient:
 
 
 def backend(api: client.ApiClient, namespace: str, **kw: Any) -> KubernetesBackend:
-    return KubernetesBackend(api, namespace=namespace, policy=RetryPolicy(attempts=3, base=0.2), **kw)
+    return InertBackend(api, namespace=namespace, policy=RetryPolicy(attempts=3, base=0.2), **kw)
 
 
 def inputs(namespace: str, *, run: str | None = None, task: str = "train", **kw: Any) -> TrainJobInputs:
@@ -68,7 +83,7 @@ def inputs(namespace: str, *, run: str | None = None, task: str = "train", **kw:
 
 def manifest(namespace: str, identity: dict | None = None, **kw: Any) -> dict:
     """A rendered TrainJob naming ``identity`` as its launcher (this process by default)."""
-    return owner.annotate(spec.render(inputs(namespace, **kw)), identity)
+    return inert(owner.annotate(spec.render(inputs(namespace, **kw)), identity))
 
 
 def dead_launcher() -> dict:

@@ -53,6 +53,7 @@ def launch_cmd(cluster, namespace: str, run_id: str) -> list[str]:
         "train",
         "--logs",
         "none",
+        "--suspend",  # with a real Trainer controller too, the job waits for the signal
     ]
 
 

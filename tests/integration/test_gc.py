@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from k8s_objects import backend, dead_launcher, manifest, set_condition, trainjobs, wait_for
+from k8s_objects import backend, dead_launcher, inert, manifest, set_condition, trainjobs, wait_for
 from kubernetes import client
 
 from kfp_trainer import spec
@@ -90,7 +90,7 @@ def test_gc_lists_jobs_whose_launcher_is_gone_and_deletes_only_those_with_yes(cl
         "process-gone": kube.submit(manifest(namespace, dead_launcher(), task="f")),
     }
     set_condition(api_client, namespace, jobs["finished-job"].ref.name, "Complete", "AllJobsCompleted")
-    unmanaged = spec.render(spec.TrainJobInputs(run_id="x", task_name="g", namespace=namespace))
+    unmanaged = inert(spec.render(spec.TrainJobInputs(run_id="x", task_name="g", namespace=namespace)))
     unmanaged["metadata"]["labels"].pop("app.kubernetes.io/managed-by")
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, spec.PLURAL, unmanaged)
     garbage = {jobs[k].ref.name for k in ("pod-missing", "pod-finished", "process-gone")}
