@@ -182,7 +182,7 @@ class EventQueue:
         Raises:
             KfpTrainerError: The watch gave up (it stopped before raising).
         """
-        if not self._thread.is_alive() and not self._handle.closed:
+        if self._thread.ident is None and not self._handle.closed:  # not started yet
             self._thread.start()
         try:
             while True:
