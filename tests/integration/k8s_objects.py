@@ -1,7 +1,8 @@
 """Helpers for tests on the real API server that play the Trainer/JobSet controllers themselves.
 
 The TrainJobs they create carry ``managedBy: kueue.x-k8s.io/multikueue``, which a real Trainer
-controller leaves alone, so the tests behave the same with or without controllers installed.
+controller leaves alone, and ``suspend: true``, which keeps a stand-in controller from running
+them, so the tests behave the same whatever plays the controllers.
 The helpers stand in for the controllers only where a test needs something to exist (a Job
 owned by a TrainJob, a finished status): everything else is the real API server, garbage
 collector and Job controller.
@@ -29,8 +30,8 @@ INERT = "kueue.x-k8s.io/multikueue"  # a managedBy value the Trainer controller 
 
 
 def inert(manifest: dict) -> dict:
-    """``manifest`` with a managedBy that keeps a real Trainer controller away from it."""
-    return {**manifest, "spec": {**manifest["spec"], "managedBy": INERT}}
+    """``manifest`` no controller runs: a managedBy the Trainer controller leaves alone, and suspended."""
+    return {**manifest, "spec": {**manifest["spec"], "managedBy": INERT, "suspend": True}}
 
 
 class InertBackend(KubernetesBackend):
@@ -114,7 +115,13 @@ def set_finalizers(api: client.ApiClient, namespace: str, name: str, finalizers:
 
 
 def set_condition(api: client.ApiClient, namespace: str, name: str, kind: str, reason: str = "FailedJobs") -> None:
-    """Write a Complete/Failed condition, as the Trainer controller would."""
+    """Write a Complete/Failed condition, as the Trainer controller would, and make sure it stays.
+
+    A controller stand-in may still be writing the job's status; the condition is written again
+    until it has held for a second.
+    """
+    from kfp_trainer.backends.base import trainjob_status
+
     condition = {
         "type": kind,
         "status": "True",
@@ -122,12 +129,24 @@ def set_condition(api: client.ApiClient, namespace: str, name: str, kind: str, r
         "message": "set by the test",
         "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
-    client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-        spec.GROUP, spec.VERSION, namespace, spec.PLURAL, name, {"status": {"conditions": [condition]}}
-    )
+    want = trainjob_status({"status": {"conditions": [condition]}}).phase
+    held = 0
+    for _ in range(40):
+        obj = get_trainjob(api, namespace, name)
+        if obj is not None and trainjob_status(obj).phase is want:
+            held += 1
+            if held >= 4:
+                return
+        else:
+            held = 0
+            client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+                spec.GROUP, spec.VERSION, namespace, spec.PLURAL, name, {"status": {"conditions": [condition]}}
+            )
+        time.sleep(0.25)
+    raise AssertionError(f"the {kind} condition of TrainJob {namespace}/{name} did not stay")
 
 
-def owned_job(api: client.ApiClient, trainjob: dict, *, replicated_job: str = "node", pods: int = 1, pod_spec: dict | None = None) -> dict:
+def owned_job(api: client.ApiClient, trainjob: dict, *, replicated_job: str = "extra", pods: int = 1, pod_spec: dict | None = None) -> dict:
     """A batch Job owned by ``trainjob`` with JobSet's labels, as the JobSet controller would create it."""
     meta = trainjob["metadata"]
     labels = {

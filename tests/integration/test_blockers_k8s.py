@@ -50,10 +50,10 @@ def test_pods_refused_at_creation_fail_the_step_within_seconds(api_client, names
     launcher = Launcher(backend(api_client, namespace), options, out=out, on_submitted=jobset_stand_in)
     started = time.monotonic()
     with pytest.raises(CannotStartError) as info:
-        launcher.run(inputs(namespace))
+        launcher.run(inputs(namespace, suspend=True))
     took = time.monotonic() - started
     assert took < 30, took
     assert info.value.reason == "FailedCreate"
     assert words in str(info.value)
-    assert "not starting yet: FailedCreate: Job" in out.getvalue()
+    assert "not starting yet: FailedCreate: Job" in out.getvalue()  # the Job that refused: <name>-extra-0
     wait_for(lambda: trainjobs(api_client, namespace) == [], timeout=10, what="the TrainJob deleted")

@@ -29,7 +29,7 @@ def test_a_signal_while_the_create_request_is_in_flight_deletes_what_it_created(
     out = io.StringIO()
     launcher = Launcher(backend(rec, namespace), LaunchOptions(logs="none"), out=out)
     with pytest.raises(CancelledError):
-        launcher.run(inputs(namespace))
+        launcher.run(inputs(namespace, suspend=True))
     assert rec.count("POST", f"/{spec.PLURAL}") >= 1  # the create did reach the server
     assert "cancelled while submitting; deleted TrainJob" in out.getvalue()
     assert trainjobs(api_client, namespace) == []

@@ -84,7 +84,10 @@ def test_gc_lists_jobs_whose_launcher_is_gone_and_deletes_only_those_with_yes(cl
     jobs = {
         "pod-missing": kube.submit(manifest(namespace, {"pod": f"{namespace}/launcher-gone", "uid": "0000"}, task="a")),
         "pod-running": kube.submit(manifest(namespace, launcher_pod(api_client, namespace, "launcher-running"), task="b")),
-        "pod-finished": kube.submit(manifest(namespace, launcher_pod(api_client, namespace, "launcher-done", "Succeeded"), task="c")),
+        # A pod of that name exists, but not the one recorded: the launcher's pod was replaced.
+        "pod-replaced": kube.submit(
+            manifest(namespace, {**launcher_pod(api_client, namespace, "launcher-again"), "uid": "an-older-pod"}, task="c")
+        ),
         "finished-job": kube.submit(manifest(namespace, dead_launcher(), task="d")),
         "process-alive": kube.submit(manifest(namespace, owner.current(), task="e")),
         "process-gone": kube.submit(manifest(namespace, dead_launcher(), task="f")),
@@ -93,7 +96,7 @@ def test_gc_lists_jobs_whose_launcher_is_gone_and_deletes_only_those_with_yes(cl
     unmanaged = inert(spec.render(spec.TrainJobInputs(run_id="x", task_name="g", namespace=namespace)))
     unmanaged["metadata"]["labels"].pop("app.kubernetes.io/managed-by")
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, spec.PLURAL, unmanaged)
-    garbage = {jobs[k].ref.name for k in ("pod-missing", "pod-finished", "process-gone")}
+    garbage = {jobs[k].ref.name for k in ("pod-missing", "pod-replaced", "process-gone")}
 
     listed = gc_cli(cluster, "-n", namespace)
 

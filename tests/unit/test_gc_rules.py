@@ -97,3 +97,19 @@ def test_the_table_lines_up():
     lines = table([found]).splitlines()
     assert lines[0].split() == ["NAMESPACE", "NAME", "RUN", "TASK", "AGE", "STATE", "WHY"]
     assert lines[1].index("train-x") == lines[0].index(" NAME ") + 1
+
+
+@pytest.mark.parametrize(
+    ("pod", "alive"),
+    [
+        ({"metadata": {"uid": "u1"}, "status": {"phase": "Running"}}, True),
+        ({"metadata": {"uid": "u1"}, "status": {"phase": "Pending"}}, True),
+        ({"metadata": {"uid": "u1"}, "status": {"phase": "Succeeded"}}, False),
+        ({"metadata": {"uid": "u1"}, "status": {"phase": "Failed"}}, False),
+        ({"metadata": {"uid": "u1", "deletionTimestamp": "2027-01-15T07:00:00Z"}, "status": {"phase": "Running"}}, False),
+        ({"metadata": {"uid": "u2"}, "status": {"phase": "Running"}}, False),  # a newer pod with the same name
+        (None, False),
+    ],
+)
+def test_a_launcher_pod_runs_until_it_finishes_goes_or_is_replaced(pod, alive):
+    assert owner.pod_alive(pod, POD) is alive
