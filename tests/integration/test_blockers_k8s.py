@@ -21,7 +21,10 @@ POD = {"restartPolicy": "Never", "containers": [{"name": "node", "image": "busyb
 
 
 def quota(api, namespace):
-    client.CoreV1Api(api).create_namespaced_resource_quota(namespace, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}})
+    core = client.CoreV1Api(api)
+    core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}})
+    # Admission enforces a quota once the quota controller has filled in its status.
+    wait_for(lambda: (core.read_namespaced_resource_quota("no-pods", namespace).status.hard or {}).get("pods") == "0", what="quota")
     return POD, "exceeded quota"
 
 
