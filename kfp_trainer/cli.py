@@ -3,11 +3,13 @@
     kfp-trainer render --runtime torch-distributed --num-nodes 2 --run-id r1 --task-name train
     kfp-trainer launch --runtime torch-distributed --image my/trainer:1 --command python,train.py
     kfp-trainer run pipelines/llm_finetune --local
+    kfp-trainer gc [--namespace NS | --all-namespaces] [--older-than 24h] [--yes]
     kfp-trainer compile [--check]
 
 ``render`` prints the TrainJob as YAML (a dry run to ``kubectl apply``); ``launch`` runs one
 TrainJob to its end on the current cluster (or locally with ``--local``); ``run`` runs a whole
-pipeline with ``kfp.local``; ``compile`` regenerates the component and pipeline YAML and READMEs
+pipeline with ``kfp.local``; ``gc`` lists (and with ``--yes`` deletes) TrainJobs whose run or
+task is gone; ``compile`` regenerates the component and pipeline YAML and READMEs
 (``--check`` fails when they are stale).
 """
 
@@ -227,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--param", action="append", metavar="NAME=VALUE", help="pipeline parameter (repeatable)")
     run.add_argument("--output", help="folder for artifacts and local TrainJobs (default: out/<pipeline>-<time>)")
     run.set_defaults(func=cmd_run)
+
+    from .gc import add_parser as add_gc_parser
+
+    add_gc_parser(sub)
     return parser
 
 
@@ -237,10 +243,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .compile import main as compile_main
 
         return compile_main(args[1:])
-    parser = build_parser()
-    ns = parser.parse_args(args)
-    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
+        if args[:1] == ["launch"]:  # from here on a stop signal ends with the job deleted or never created
+            from . import cancel
+
+            cancel.install()
+        parser = build_parser()
+        ns = parser.parse_args(args)
+        logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         return int(ns.func(ns) or 0)
     except KfpTrainerError as e:
         print(f"error: {e}", file=sys.stderr)

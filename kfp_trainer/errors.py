@@ -109,3 +109,7 @@ class InfraError(KfpTrainerError):
     """A transient failure of the cluster or the network; worth retrying."""
 
     exit_code = EXIT_INFRA
+
+
+class DeletionTimeoutError(InfraError):
+    """A TrainJob that had to go first (an earlier try's) was still there when waiting ended."""

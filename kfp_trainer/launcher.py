@@ -6,8 +6,12 @@ The launcher is the same for every backend. It owns the policies a pipeline step
   image pulls) and ``run_timeout`` (from then on); on either it deletes the TrainJob;
 * "cannot start" detection: a blocker the backend reports (``TrainJobResourcesCreationFailed``,
   an unschedulable pod, an image that cannot be pulled) that lasts longer than its grace;
-* SIGTERM/SIGINT (a KFP cancel) deletes the TrainJob and exits with
-  :class:`~kfp_trainer.errors.CancelledError`;
+* SIGTERM/SIGINT (a KFP cancel), from the first instruction on, ends with the TrainJob
+  deleted or never created: a signal during the create request waits for its answer, then
+  deletes what it made; a second signal cannot abort a deletion (:mod:`kfp_trainer.cancel`);
+  it exits with :class:`~kfp_trainer.errors.CancelledError`;
+* deleting waits, bounded, until the job's JobSet, Jobs and pods are gone, and says what is
+  left and how to remove it;
 * the trainer's log streamed to stdout in a thread, each line fed to the metric parser;
 * on failure a :class:`~kfp_trainer.errors.JobFailedError` carrying the reason, the failed
   pods, recent events and the log tail.
@@ -30,7 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from . import naming, spec
+from . import cancel, naming, spec
+from .backends import owner
 from .backends.base import Backend, Blocker, JobRef, JobStatus, LogLine, Phase, Submission
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
 from .metrics import MetricSeries, from_trainer_status
@@ -46,11 +51,12 @@ class LaunchOptions:
     start_timeout: float = 3600.0
     run_timeout: float = 0.0
     blocker_grace: float = 300.0  # how long an unschedulable / image-pull problem may last
-    fatal_blocker_grace: float = 20.0  # how long "resources cannot be created" may last
-    blocker_check_interval: float = 10.0
+    fatal_blocker_grace: float = 10.0  # how long "resources / pods cannot be created" may last
+    blocker_check_interval: float = 2.0  # the first check comes this long after submitting
     logs: str = "0"  # trainer node index, "all", or "none"
     delete_after_success: bool = False
     log_drain_timeout: float = 30.0
+    delete_timeout: float = 30.0  # how long to wait for a deleted job's JobSet, Jobs and pods to go
 
 
 @dataclass
@@ -116,7 +122,7 @@ def cancel_on_signals() -> contextlib.AbstractContextManager[None]:
     """Turn SIGTERM and SIGINT into :class:`CancelledError` in the main thread while inside."""
 
     def handler(signum: int, _frame: Any) -> None:
-        raise CancelledError(f"received {signal.Signals(signum).name}: the run was cancelled")
+        raise cancel.cancelled(signum)
 
     return _on_stop_signals(handler)
 
@@ -145,7 +151,10 @@ class Launcher:
         self.out.flush()
 
     def prepare(self, inputs: TrainJobInputs) -> tuple[dict[str, Any], str, str]:
-        """Validate, check the runtime, render. Returns (manifest, api_version, runtime)."""
+        """Validate, check the runtime, render. Returns (manifest, api_version, runtime).
+
+        The manifest names this launcher (see :mod:`kfp_trainer.backends.owner`).
+        """
         local = bool(getattr(self.backend, "local", False))
         spec.validate(inputs, api_version=None, local=local)  # everything checkable before any API call
         if not inputs.namespace:
@@ -156,20 +165,23 @@ class Launcher:
             inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget, local=local,
             allow_host_access=info.allow_host_access,
         )
-        return manifest, info.api_version, f"{info.kind}/{info.name}"
+        return owner.annotate(manifest), info.api_version, f"{info.kind}/{info.name}"
 
     def run(self, inputs: TrainJobInputs) -> Outcome:
         """Run the TrainJob described by ``inputs`` to its end.
 
+        Stop signals are handled from the first instruction (installed here unless the entry
+        point did it earlier): nothing is created after one, and what was created is deleted.
+
         Raises:
             UserError: Invalid inputs, missing runtime, forbidden, ownership conflict.
             JobFailedError: The job failed, could not start, or ran past a time limit.
-            CancelledError: SIGTERM/SIGINT; the job was deleted.
+            CancelledError: SIGTERM/SIGINT; the job was deleted (or never created).
             InfraError: The cluster stayed unreachable; the job was left to a retry.
         """
-        manifest, api_version, runtime = self.prepare(inputs)
-        with cancel_on_signals():
-            submission = self.backend.submit(manifest)
+        with cancel.handling(), cancel.cancellable():
+            manifest, api_version, runtime = self.prepare(inputs)
+            submission = self._submit(manifest)
             outcome = Outcome(
                 ref=submission.ref,
                 manifest=manifest,
@@ -179,8 +191,8 @@ class Launcher:
                 runtime=runtime,
                 api_version=api_version,
             )
-            self._announce(submission, outcome)
             try:
+                self._announce(submission, outcome)
                 self._follow(outcome)
             except (CancelledError, TimeLimitError, CannotStartError) as e:
                 self.say(f"{type(e).__name__}: deleting TrainJob {outcome.ref}")
@@ -189,26 +201,50 @@ class Launcher:
             except InfraError:
                 self.say(f"lost the API server; TrainJob {outcome.ref} is left running for a retry to adopt")
                 raise
-        if self.options.delete_after_success:
-            self._delete(outcome.ref)
+            finally:
+                release = getattr(self.backend, "release", None)
+                if release is not None:
+                    release(outcome.ref)
+            if self.options.delete_after_success:
+                self._delete(outcome.ref)
         return outcome
+
+    def _submit(self, manifest: dict[str, Any]) -> Submission:
+        try:
+            return self.backend.submit(manifest)
+        except CancelledError:
+            # The create request may have reached the server: find the job by name and lineage, delete it.
+            reclaim = getattr(self.backend, "reclaim", None)
+            if reclaim is not None:
+                with cancel.shielded():
+                    try:
+                        done = reclaim(manifest, wait=self.options.delete_timeout)
+                    except Exception as e:  # report, but do not hide the cancel
+                        done = f"could not check whether TrainJob {manifest['metadata']['name']} was created: {e}"
+                    self.say(f"cancelled while submitting; {done or 'no TrainJob was created'}")
+            raise
 
     def _announce(self, submission: Submission, outcome: Outcome) -> None:
         now = time.time()
         verb = "adopted existing" if submission.adopted else ("replaced failed" if submission.replaced else "created")
         outcome.timeline.append((now, f"TrainJob {verb}"))
+        for note in submission.notes:
+            self.say(note)
         self.say(f"{verb} TrainJob {submission.ref} (runtime {outcome.runtime}, Trainer API {outcome.api_version})")
         self.say("inspect it with:\n" + self.backend.inspect_hint(submission.ref))
         if self.on_submitted:
             self.on_submitted(submission.ref)
 
     def _delete(self, ref: JobRef) -> None:
-        # Deleting must finish even if a second SIGTERM arrives.
-        with _on_stop_signals(signal.SIG_IGN):
+        # Deleting must finish even if a second SIGTERM arrives (it is raised afterwards).
+        with cancel.shielded():
             try:
-                self.backend.delete(ref)
+                left = self.backend.delete(ref, wait=self.options.delete_timeout)
             except Exception as e:  # report, but do not hide the original error
                 self.say(f"could not delete TrainJob {ref}: {e}")
+                return
+            if left:
+                self.say(str(left))
 
     def _follow(self, outcome: Outcome) -> None:
         options = self.options
@@ -233,10 +269,12 @@ class Launcher:
             )
             logs_thread.start()
         blockers_seen: dict[str, float] = {}
-        last_check = -1e18
+        last_check = begin  # a job that starts within the interval costs no blocker watches
         last_phase: Phase | None = None
+        statuses = self.backend.watch(outcome.ref)
+        failing = True
         try:
-            for status in self.backend.watch(outcome.ref):
+            for status in statuses:
                 now = self.clock()
                 if status is not None:
                     outcome.status = status.raw
@@ -265,10 +303,14 @@ class Launcher:
                         reason="RunTimeout",
                         diagnosis=self._diagnose(outcome.ref, {}),
                     )
+            failing = False
         finally:
+            close = getattr(statuses, "close", None)
+            if close is not None:
+                close()
             if logs_thread is not None:
-                stop.set()  # followers stop following and catch up on the last lines
-                logs_thread.join(options.log_drain_timeout)
+                stop.set()  # followers read what is left and return
+                logs_thread.join(min(1.0, options.log_drain_timeout) if failing else options.log_drain_timeout)
             outcome.log_lines = printer.count
         outcome.metrics.extend(from_trainer_status(outcome.status))
         if outcome.phase is Phase.SUCCEEDED:
@@ -310,6 +352,8 @@ class Launcher:
     def _diagnose(self, ref: JobRef, seen: dict[str, float], blockers: list[Blocker] | None = None) -> str:
         try:
             report = self.backend.diagnose(ref)
+        except CancelledError:  # a cancel while diagnosing is a cancel: the job gets deleted
+            raise
         except Exception as e:  # the diagnosis must not hide the failure itself
             report = f"(diagnosis unavailable: {e})"
         if blockers:

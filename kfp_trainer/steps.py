@@ -292,6 +292,9 @@ def run_train_job(
     Returns:
         The launcher's ``Outcome``.
     """
+    from . import cancel
+
+    cancel.install()  # first: from here on a KFP cancel ends with the TrainJob deleted or never created
     from .backends import select_backend
     from .launcher import Launcher, LaunchOptions
     from .report import outcome_data, render_html

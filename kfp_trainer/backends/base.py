@@ -10,6 +10,10 @@ knows nothing of KFP. The launcher drives it:
     backend.follow_logs(sub.ref, nodes, sink, stop) # in a thread
     backend.diagnose(sub.ref)                       # on failure: pods, events, log tail
     backend.delete(sub.ref)                         # on cancel, time limit, or clean-up
+
+Two optional methods, used when a backend has them: ``reclaim(manifest, wait=...)`` deletes
+the job a cancelled :meth:`~Backend.submit` may have created (and says what it did), and
+``release(ref)`` stops whatever the backend keeps running for a job it no longer follows.
 """
 
 from __future__ import annotations
@@ -121,6 +125,7 @@ class Submission:
     ref: JobRef
     adopted: bool  # True when an earlier try's TrainJob was found and followed
     replaced: bool = False  # True when an earlier try's Failed TrainJob was replaced
+    notes: tuple[str, ...] = ()  # what else submitting did, for the step's log (e.g. a stale job replaced)
 
 
 @dataclass(frozen=True)
@@ -212,8 +217,13 @@ class Backend(Protocol):
         """A report for a failed job: failed pods, recent events, last log lines."""
         ...
 
-    def delete(self, ref: JobRef, *, wait: float = 30.0) -> None:
-        """Delete the job and what it owns; no error if already gone."""
+    def delete(self, ref: JobRef, *, wait: float = 30.0) -> str | None:
+        """Delete the job and what it owns; no error if already gone.
+
+        Returns:
+            What is still left after waiting up to ``wait`` seconds, and how to remove it
+            (empty or None when everything is gone).
+        """
         ...
 
     def inspect_hint(self, ref: JobRef) -> str:

@@ -16,7 +16,12 @@ For one TrainJob manifest it:
 Paths starting with ``/workspace`` in the command, args and env are mapped to the job's
 local workspace, so commands written for the Trainer runtimes' layout run unchanged.
 
-State lives in files, so a second launcher (a retry) can adopt a running or finished job.
+State lives in files, so a second launcher (a retry) can adopt a running or finished job. The
+state names the launcher process that supervises the job, and each node process, by pid and
+start time (:mod:`kfp_trainer.backends.procs`): a retry that finds the supervisor gone (killed,
+or its pid now held by another process) replaces the job, and a launcher following an adopted
+job reports it failed (``SupervisorLost``) when its supervisor dies -- nobody would ever record
+its end otherwise.
 Runtimes: ``torch-distributed`` is built in; ClusterTrainingRuntime/TrainingRuntime YAML files
 in ``runtimes_dir`` (or ``$KFP_TRAINER_RUNTIMES_DIR``) are read too, so local runs mirror a
 cluster's runtimes.
@@ -29,52 +34,40 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..errors import RuntimeNotFoundError, UserError, ValidationError
-from ..spec import TrainJobInputs, dig
+from ..errors import RuntimeNotFoundError, UserError
+from ..spec import TrainJobInputs
 from ..storage import fetch, redact
 from .base import Blocker, JobRef, JobStatus, LogLine, LogSink, Phase, RuntimeInfo, Submission, check_ownership, trainjob_status
+from .local_runtime import (
+    BUILTIN_RUNTIMES,
+    RUNTIMES_ENV,
+    WORKSPACE,
+    free_port,
+    initializer_env,
+    load_runtimes,
+    map_workspace,
+    node_env,
+    trainer_command,
+)
+from .procs import ProcessId, descendants, kill_process, kill_tree
+
+__all__ = ["BUILTIN_RUNTIMES", "LocalBackend", "default_root", "descendants", "free_port"]
 
 log = logging.getLogger(__name__)
 ROOT_ENV = "KFP_TRAINER_LOCAL_ROOT"
-RUNTIMES_ENV = "KFP_TRAINER_RUNTIMES_DIR"
-WORKSPACE = "/workspace"
-KILL_GRACE = 5.0
-
-BUILTIN_RUNTIMES: dict[str, dict[str, Any]] = {
-    "torch-distributed": {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": "torch-distributed", "labels": {"trainer.kubeflow.org/framework": "torch"}},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {"spec": {"replicatedJobs": [{"name": "node"}]}},
-        },
-    },
-}
 
 
 def default_root() -> Path:
     """Where local TrainJobs keep their state: ``$KFP_TRAINER_LOCAL_ROOT`` or a user cache dir."""
     env = os.environ.get(ROOT_ENV)
     return Path(env) if env else Path.home() / ".cache" / "kfp-trainer" / "local-jobs"
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -125,13 +118,7 @@ class LocalBackend:
 
     def runtimes(self) -> dict[str, dict[str, Any]]:
         """Built-in runtimes plus those in ``runtimes_dir`` (YAML), by ``Kind/name``."""
-        found = {f"ClusterTrainingRuntime/{name}": rt for name, rt in BUILTIN_RUNTIMES.items()}
-        if self.runtimes_dir and self.runtimes_dir.is_dir():
-            for path in sorted(self.runtimes_dir.glob("*.y*ml")):
-                for doc in yaml.safe_load_all(path.read_text()):
-                    if isinstance(doc, dict) and doc.get("kind") in ("ClusterTrainingRuntime", "TrainingRuntime"):
-                        found[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
-        return found
+        return load_runtimes(self.runtimes_dir)
 
     def resolve_runtime(self, inputs: TrainJobInputs) -> RuntimeInfo:
         """Find the runtime among the built-in and configured ones."""
@@ -152,47 +139,12 @@ class LocalBackend:
 
     def host_path(self, ref: JobRef, path: str) -> Path:
         """Map a path as the trainer sees it (``/workspace/...``) to this machine."""
-        return Path(self._map(path, self.job_dir(ref) / "workspace"))
-
-    @staticmethod
-    def _map(value: str, workspace: Path) -> str:
-        if value == WORKSPACE or value.startswith(WORKSPACE + "/"):
-            return str(workspace) + value[len(WORKSPACE) :]
-        return value.replace("=" + WORKSPACE + "/", "=" + str(workspace) + "/")
+        return Path(map_workspace(path, self.job_dir(ref) / "workspace"))
 
     # ------------------------------------------------------------------ lifecycle
     def _runtime_doc(self, manifest: dict[str, Any]) -> dict[str, Any]:
         ref = manifest["spec"]["runtimeRef"]
         return self.runtimes().get(f"{ref.get('kind', 'ClusterTrainingRuntime')}/{ref['name']}") or {}
-
-    def _command(self, manifest: dict[str, Any], workspace: Path) -> list[str]:
-        trainer = manifest["spec"].get("trainer") or {}
-        command = list(trainer.get("command") or [])
-        args = list(trainer.get("args") or [])
-        if not command:
-            container = self._node_container(self._runtime_doc(manifest))
-            command = list(container.get("command") or [])
-            args = args or list(container.get("args") or [])
-        if not command:
-            raise ValidationError("command", command, "a trainer command: local runs have no container image entry point")
-        full = [self._map(part, workspace) for part in command + args]
-        bin_dir = Path(sys.executable).parent
-        if full[0] in ("python", "python3"):
-            full[0] = sys.executable
-        elif (bin_dir / full[0]).exists():
-            full[0] = str(bin_dir / full[0])
-        if shutil.which(full[0]) is None:
-            raise ValidationError("command[0]", full[0], "an executable found on this machine's PATH (local mode runs it directly)")
-        return full
-
-    @staticmethod
-    def _node_container(runtime: dict[str, Any]) -> dict[str, Any]:
-        for rj in dig(runtime, "spec", "template", "spec", "replicatedJobs") or []:
-            if rj.get("name") == "node":
-                for c in dig(rj, "template", "spec", "template", "spec", "containers") or []:
-                    if c.get("name") == "node":
-                        return c
-        return {}
 
     def submit(self, manifest: dict[str, Any]) -> Submission:
         """Start the job, or adopt this task's earlier one (replacing it if it failed)."""
@@ -200,15 +152,19 @@ class LocalBackend:
         ref = JobRef(namespace, manifest["metadata"]["name"])
         directory = self.job_dir(ref)
         workspace = directory / "workspace"
-        command = self._command(manifest, workspace)  # fails before anything starts
+        command = trainer_command(manifest, self._runtime_doc(manifest), workspace)  # fails before anything starts
         existing = _read_json(directory / "trainjob.json")
         replaced = False
+        notes: list[str] = []
         if existing is not None:
             check_ownership(manifest, existing, remedy=f"remove {directory}")
             phase = trainjob_status(existing).phase
-            alive = any(_pid_alive(p) for p in (existing.get("status") or {}).get("pids", []))
-            if phase is Phase.SUCCEEDED or (phase in (Phase.PENDING, Phase.RUNNING) and alive):
+            dead = _orphaned(existing)
+            if phase is Phase.SUCCEEDED or (phase in (Phase.PENDING, Phase.RUNNING, Phase.SUSPENDED) and dead is None):
                 return Submission(JobRef(namespace, ref.name, existing["metadata"]["uid"]), adopted=True)
+            if dead is not None:
+                who = f"pid {dead.pid}" if dead.pid else "not recorded"
+                notes.append(f"local TrainJob {ref} was left unfinished by a launcher that is gone ({who}); replacing it")
             self.delete(ref)
             replaced = True
         (directory / "logs").mkdir(parents=True, exist_ok=True)
@@ -217,14 +173,26 @@ class LocalBackend:
         obj = {
             **manifest,
             "metadata": {**manifest["metadata"], "namespace": namespace, "uid": uid, "creationTimestamp": _now()},
-            "status": {"conditions": [], "jobsStatus": []},
+            "status": {"conditions": [], "jobsStatus": [], "supervisor": ProcessId.of(os.getpid()).to_json()},
         }
         _write_json(directory / "trainjob.json", obj)
         job = _Job(directory)
         self.jobs[ref.name] = job
         job.thread = threading.Thread(target=self._supervise, args=(ref, obj, command, job), name=f"local-{ref.name}", daemon=True)
         job.thread.start()
-        return Submission(JobRef(namespace, ref.name, uid), adopted=False, replaced=replaced)
+        return Submission(JobRef(namespace, ref.name, uid), adopted=False, replaced=replaced, notes=tuple(notes))
+
+    def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
+        """After a cancel during :meth:`submit`: stop and remove this task's job if it was started."""
+        ref = JobRef(manifest["metadata"].get("namespace") or self.namespace, manifest["metadata"]["name"])
+        existing = _read_json(self.job_dir(ref) / "trainjob.json")
+        if existing is None:
+            return None
+        mine, theirs = manifest["metadata"].get("labels") or {}, existing["metadata"].get("labels") or {}
+        if mine != theirs:
+            return None
+        self.delete(ref, wait=wait)
+        return f"deleted local TrainJob {ref}"
 
     def _set_status(self, directory: Path, obj: dict[str, Any], **status: Any) -> None:
         obj["status"].update(status)
@@ -237,37 +205,6 @@ class LocalBackend:
         condition = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": _now()}
         self._set_status(directory, obj, conditions=[condition])
 
-    @staticmethod
-    def _initializer_env(manifest: dict[str, Any], kind: str) -> dict[str, str]:
-        """The shell's environment plus the initializer's literal env (secrets come from the shell)."""
-        env = dict(os.environ)
-        for item in ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("env") or []:
-            if "value" in item:
-                env[item["name"]] = str(item["value"])
-        return env
-
-    def _env(self, manifest: dict[str, Any], runtime: dict[str, Any], workspace: Path, nodes: int) -> dict[str, str]:
-        """The environment every node shares; torch runtimes get the PET_* rendezvous (not the rank)."""
-        env = dict(os.environ)
-        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-        env["PYTHONUNBUFFERED"] = "1"
-        env["KFP_TRAINER_WORKSPACE"] = str(workspace)
-        for item in (manifest["spec"].get("trainer") or {}).get("env") or []:
-            if "value" in item:
-                env[item["name"]] = self._map(str(item["value"]), workspace)
-            elif item["name"] not in os.environ:
-                log.warning("env %s comes from a Secret/ConfigMap reference; set it in this shell for local runs", item["name"])
-        policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
-        if "torch" in policy:
-            trainer = manifest["spec"].get("trainer") or {}
-            env.update(
-                PET_NNODES=str(nodes),
-                PET_NPROC_PER_NODE=str(trainer.get("numProcPerNode") or (policy["torch"] or {}).get("numProcPerNode") or "auto"),
-                PET_MASTER_ADDR="127.0.0.1",
-                PET_MASTER_PORT=str(free_port()),
-            )
-        return env
-
     def _supervise(self, ref: JobRef, obj: dict[str, Any], command: list[str], job: _Job) -> None:
         directory, workspace = job.dir, job.dir / "workspace"
         manifest = obj
@@ -277,7 +214,7 @@ class LocalBackend:
                 if uri and not job.cancelled.is_set():
                     with open(directory / "logs" / f"{kind}-initializer.log", "a") as out:
                         out.write(f"{_now()} fetching {redact(uri)} into {WORKSPACE}/{kind}\n")
-                    fetch(uri, workspace / kind, kind=kind, env=self._initializer_env(manifest, kind))
+                    fetch(uri, workspace / kind, kind=kind, env=initializer_env(manifest, kind))
             runtime = self._runtime_doc(manifest)
             torch = "torch" in ((runtime.get("spec") or {}).get("mlPolicy") or {})
             nodes = int(
@@ -285,7 +222,7 @@ class LocalBackend:
                 or ((runtime.get("spec") or {}).get("mlPolicy") or {}).get("numNodes")
                 or 1
             )
-            env = self._env(manifest, runtime, workspace, nodes)
+            env = node_env(manifest, runtime, workspace, nodes)
             for node in range(nodes):
                 if job.cancelled.is_set():
                     return
@@ -302,7 +239,11 @@ class LocalBackend:
                 out.close()
             pids = [p.pid for p in job.procs.values()]
             self._set_status(
-                directory, obj, pids=pids, jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}]
+                directory,
+                obj,
+                pids=pids,
+                processes=[ProcessId.of(pid).to_json() for pid in pids],
+                jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}],
             )
             codes = self._wait(job)
             if job.cancelled.is_set():
@@ -340,13 +281,26 @@ class LocalBackend:
         return codes
 
     def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
-        """Status changes read from the job's state file; ``None`` about every second as heartbeat."""
+        """Status changes read from the job's state file; ``None`` about every second as heartbeat.
+
+        A job adopted from another process is followed through its state file, and that
+        process (its supervisor) is checked on each read: when it is gone, nobody will record
+        the job's end, so its nodes are stopped and the job is reported failed.
+        """
         path = self.job_dir(ref) / "trainjob.json"
         last: tuple[Any, ...] | None = None
         while True:
             obj = _read_json(path)
             if obj is not None and ref.uid and obj["metadata"].get("uid") != ref.uid:
                 obj = None
+            job = self.jobs.get(ref.name)
+            dead = _orphaned(obj) if obj is not None and job is None else None
+            if dead is not None:
+                for process in _nodes(obj.get("status") or {}):
+                    kill_process(process)
+                message = f"the launcher supervising this local TrainJob (pid {dead.pid}) is gone; its nodes were stopped"
+                yield JobStatus(Phase.FAILED, "SupervisorLost", message, obj.get("status") or {})
+                return
             status = trainjob_status(obj)
             key = (status.phase, status.reason, status.message)
             if key != last:
@@ -356,7 +310,6 @@ class LocalBackend:
                     return
             else:
                 yield None
-            job = self.jobs.get(ref.name)
             if job is not None:  # started by this process: wake up on each change
                 job.changed.wait(1.0)
                 job.changed.clear()
@@ -412,7 +365,7 @@ class LocalBackend:
             parts.append(f"Last {len(lines)} log lines of node-{failing}:\n" + "\n".join("  " + line for line in lines))
         return "\n\n".join(parts)
 
-    def delete(self, ref: JobRef, *, wait: float = 30.0) -> None:
+    def delete(self, ref: JobRef, *, wait: float = 30.0) -> str | None:
         """Kill the job's whole process tree and remove its state."""
         job = self.jobs.pop(ref.name, None)
         directory = self.job_dir(ref)
@@ -424,9 +377,10 @@ class LocalBackend:
                 job.thread.join(wait)
         else:
             obj = _read_json(directory / "trainjob.json") or {}
-            for pid in (obj.get("status") or {}).get("pids") or []:
-                kill_tree(pid)
+            for process in _nodes(obj.get("status") or {}):
+                kill_process(process)  # only if the pid still names that process
         shutil.rmtree(directory, ignore_errors=True)
+        return None
 
     def inspect_hint(self, ref: JobRef) -> str:
         """Where the local job's files are."""
@@ -434,62 +388,28 @@ class LocalBackend:
         return f"  cat {directory}/trainjob.json\n  tail -f {directory}/logs/node-0.log"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:  # a zombie is dead, it only waits to be reaped
-        return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
-
-
-def descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (from /proc), children before grandchildren.
-
-    torchrun starts its workers in sessions of their own, so a process group is not
-    enough to find them.
-    """
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, queue = [], list(children.get(pid, []))
-    while queue:
-        child = queue.pop(0)
-        found.append(child)
-        queue.extend(children.get(child, []))
-    return found
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def kill_tree(pid: int, *, grace: float = KILL_GRACE, reap: subprocess.Popen[bytes] | None = None) -> None:
-    """SIGTERM ``pid`` (torchrun then stops its workers), then SIGKILL whatever of its tree is left."""
-    tree = descendants(pid)
-    _signal_all([pid], signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if reap is not None and reap.poll() is not None and not any(_pid_alive(p) for p in tree):
-            break
-        if reap is None and not _pid_alive(pid):
-            break
-        time.sleep(0.1)
-    _signal_all([pid, *tree, *descendants(pid)], signal.SIGKILL)
-    if reap is not None:
-        reap.wait()
-
-
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """Stop one node: its leader and every process it started."""
     kill_tree(proc.pid, reap=proc)
+
+
+def _supervisor(status: dict[str, Any]) -> ProcessId | None:
+    """The process that runs the job's supervisor thread (the launcher that created it)."""
+    return ProcessId.from_json(status.get("supervisor"))
+
+
+def _nodes(status: dict[str, Any]) -> list[ProcessId]:
+    """The job's node processes (pid and start time; bare pids from older state files)."""
+    found = [ProcessId.from_json(v) for v in status.get("processes") or status.get("pids") or []]
+    return [p for p in found if p is not None]
+
+
+def _orphaned(obj: dict[str, Any]) -> ProcessId | None:
+    """The dead supervisor of an unfinished job (nobody will ever record its end), else None."""
+    status = obj.get("status") or {}
+    if trainjob_status(obj).phase.finished:
+        return None
+    supervisor = _supervisor(status)
+    if supervisor is None:
+        return ProcessId(0, 0)  # written by a version that did not record it: nobody can vouch for it
+    return None if supervisor.alive() else supervisor

@@ -64,6 +64,7 @@ class ScriptedBackend:
     def follow_logs(self, ref, *, nodes, sink, stop):
         for line in self.lines:
             sink(LogLine("node-0", line))
+        stop.wait(60)  # like a real follower: until the launcher says the job is over
 
     def diagnose(self, ref, *, tail=40):
         return "Pods:\n  x-node-0-0: Failed"
@@ -164,14 +165,22 @@ def test_suspended_job_waits_and_counts_toward_the_start_limit():
     assert "suspended" in out.getvalue()
 
 
-def test_sigterm_deletes_the_job_and_raises_cancelled():
+def test_sigterm_deletes_the_job_and_raises_cancelled_then_restores_the_handlers():
     clock = FakeClock()
     backend = ScriptedBackend([JobStatus(Phase.RUNNING)] + [0] * 100000, clock, on_watch=lambda: os.kill(os.getpid(), signal.SIGTERM))
     launcher, _ = launch(backend, clock)
-    with pytest.raises(CancelledError, match="SIGTERM"):
-        launcher.run(INPUTS)
+
+    def before(signum, frame):  # the caller's own handler, which the launcher must give back
+        raise AssertionError("not expected to run")
+
+    previous = signal.signal(signal.SIGTERM, before)
+    try:
+        with pytest.raises(CancelledError, match="SIGTERM"):
+            launcher.run(INPUTS)
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert len(backend.deleted) == 1
-    assert signal.getsignal(signal.SIGTERM) is not None
 
 
 def test_invalid_inputs_fail_before_the_backend_is_asked_anything():
@@ -185,10 +194,11 @@ def test_invalid_inputs_fail_before_the_backend_is_asked_anything():
         launcher.run(INPUTS.model_copy(update={"num_nodes": 0}))
 
 
-def test_all_nodes_prefixes_lines():
+def test_all_nodes_prefixes_lines_and_leaves_no_log_thread_behind():
     clock = FakeClock()
     backend = ScriptedBackend([JobStatus(Phase.SUCCEEDED)], clock, lines=["hello"])
     launcher, out = launch(backend, clock, logs="all")
-    launcher.run(INPUTS)
-    assert "[node-0] hello" in out.getvalue()
-    assert threading.active_count() >= 1
+    before = set(threading.enumerate())
+    outcome = launcher.run(INPUTS)
+    assert "[node-0] hello" in out.getvalue() and outcome.log_lines == 1
+    assert [t.name for t in set(threading.enumerate()) - before] == []

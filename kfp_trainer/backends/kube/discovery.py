@@ -1,0 +1,187 @@
+"""What the cluster offers: the API client, the default namespace, the Trainer API, the runtimes.
+
+The Trainer API version decides how the TrainJob is rendered (``runtimePatches`` since v2.2,
+``podTemplateOverrides`` in v2.1). It is found with one small request: a server-side
+dry-run create of a TrainJob carrying an empty ``runtimePatches`` under strict field
+validation. The server decodes the body before anything else it does; a v2.1 API answers
+"unknown field spec.runtimePatches", a v2.2+ API gets past decoding (to an admission answer or
+a dry-run success, nothing stored). When the dry run is not allowed, the TrainJob schema is
+read from the OpenAPI v3 document (about 1 MB). The backend asks once and keeps the answer.
+
+Example:
+    >>> api = load_api_client()                          # doctest: +SKIP
+    >>> detect_api_version(api, namespace="kubeflow")    # doctest: +SKIP
+    'v2.2'
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client import ApiClient
+
+from ...errors import ForbiddenError, InfraError, RejectedError, RuntimeNotFoundError, UserError
+from ...spec import API_VERSION, GROUP, PLURAL, VERSION, ApiVersion, TrainJobInputs
+from ..base import RuntimeInfo
+from ..owner import SA_NAMESPACE
+from .api import NotFound, RetryPolicy, call, request
+
+log = logging.getLogger(__name__)
+PROBE_RUNTIME = "kfp-trainer-api-probe"
+
+
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> ApiClient:
+    """An API client from the pod's service account, else from a kubeconfig file."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+        return ApiClient()
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+    return ApiClient(configuration)
+
+
+def default_namespace() -> str:
+    """The launcher pod's own namespace, else the kubeconfig context's, else ``default``."""
+    if SA_NAMESPACE.exists():
+        return SA_NAMESPACE.read_text().strip()
+    try:
+        _, active = config.list_kube_config_contexts()
+        return (active.get("context") or {}).get("namespace") or "default"
+    except (config.ConfigException, OSError, TypeError):
+        return "default"
+
+
+def detect_api_version(api: ApiClient, *, namespace: str, policy: RetryPolicy = RetryPolicy()) -> ApiVersion:
+    """The Trainer API the cluster serves: ``v2.2`` (runtimePatches) or ``v2.1`` (podTemplateOverrides).
+
+    Raises:
+        UserError: The cluster serves no TrainJob kind, or neither field.
+    """
+    return _probe(api, namespace, policy) or _from_openapi(api, policy)
+
+
+def _probe(api: ApiClient, namespace: str, policy: RetryPolicy) -> ApiVersion | None:
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "TrainJob",
+        "metadata": {"generateName": "kfp-trainer-api-probe-"},
+        "spec": {"runtimeRef": {"apiGroup": GROUP, "kind": "ClusterTrainingRuntime", "name": PROBE_RUNTIME}, "runtimePatches": []},
+    }
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
+    query = [("dryRun", "All"), ("fieldValidation", "Strict")]
+    try:
+        call(request, api, path, query, method="POST", body=body, timeout=(10, 30), what="probe the Trainer API (dry run)", policy=policy)
+        return "v2.2"
+    except RejectedError as e:  # decoding came first: only an unknown field says v2.1
+        if 'unknown field "spec.runtimePatches"' in str(e):
+            return "v2.1"
+        return "v2.2"
+    except (ForbiddenError, NotFound, InfraError, UserError) as e:
+        log.info("Trainer API probe inconclusive (%s); reading the OpenAPI schema", e)
+        return None
+
+
+def _from_openapi(api: ApiClient, policy: RetryPolicy) -> ApiVersion:
+    try:
+        doc = call(
+            request,
+            api,
+            f"/openapi/v3/apis/{GROUP}/{VERSION}",
+            [],
+            timeout=30,
+            headers={"Accept-Encoding": "gzip"},
+            what="read the Trainer OpenAPI schema",
+            policy=policy,
+        )
+    except NotFound:
+        raise UserError(f"The cluster serves no TrainJob kind in {GROUP}/{VERSION}: is Kubeflow Trainer installed?") from None
+    schemas = ((doc or {}).get("components") or {}).get("schemas") or {}
+    for key, schema in schemas.items():
+        if key.endswith(".TrainJob"):
+            fields = ((schema.get("properties") or {}).get("spec") or {}).get("properties") or {}
+            if "runtimePatches" in fields:
+                return "v2.2"
+            if "podTemplateOverrides" in fields:
+                return "v2.1"
+            raise UserError(
+                "The cluster's TrainJob API has neither runtimePatches (Trainer v2.2+) nor podTemplateOverrides (v2.1); "
+                "set api_version explicitly."
+            )
+    raise UserError(f"The cluster serves no TrainJob kind in {GROUP}/{VERSION}: is Kubeflow Trainer installed?")
+
+
+def version_mismatch(message: str) -> str | None:
+    """A clear message when a create failed because the manifest targets the other Trainer API.
+
+    Example:
+        >>> version_mismatch('strict decoding error: unknown field "spec.podTemplateOverrides"')[:40]
+        'this cluster serves Trainer v2.2 or late'
+    """
+    v21_only = ('unknown field "spec.podTemplateOverrides"', 'unknown field "spec.labels"', 'unknown field "spec.annotations"')
+    if any(words in message for words in v21_only):
+        return (
+            "this cluster serves Trainer v2.2 or later, which removed podTemplateOverrides and top-level labels/annotations; "
+            "use api_version auto or v2.2"
+        )
+    if 'unknown field "spec.runtimePatches"' in message or 'unknown field "spec.activeDeadlineSeconds"' in message:
+        return "this cluster serves Trainer v2.1, which has no runtimePatches or activeDeadlineSeconds; use api_version auto or v2.1"
+    if 'unknown field "spec.podSpecOverrides"' in message:
+        return "the manifest targets Trainer v2.0, which this cluster does not serve; use api_version auto"
+    return None
+
+
+def available_runtimes(api: ApiClient, namespace: str, *, policy: RetryPolicy) -> list[str]:
+    """``Kind/name`` of every runtime visible from ``namespace`` (notes where listing is not allowed)."""
+    custom = client.CustomObjectsApi(api)
+    names = []
+    for kind, fn, args in (
+        ("ClusterTrainingRuntime", custom.list_cluster_custom_object, (GROUP, VERSION, "clustertrainingruntimes")),
+        ("TrainingRuntime", custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, "trainingruntimes")),
+    ):
+        try:
+            items = call(fn, *args, what=f"list {kind}s", policy=policy).get("items") or []
+        except UserError:
+            names.append(f"({kind}s: not allowed to list)")
+            continue
+        names += [f"{kind}/{i['metadata']['name']}" for i in items]
+    return names
+
+
+def resolve_runtime(api: ApiClient, inputs: TrainJobInputs, *, namespace: str, api_version: ApiVersion, policy: RetryPolicy) -> RuntimeInfo:
+    """Fetch the referenced runtime; raise :class:`RuntimeNotFoundError` listing those that exist."""
+    custom = client.CustomObjectsApi(api)
+    try:
+        if inputs.runtime_kind == "TrainingRuntime":
+            runtime: dict[str, Any] = call(
+                custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                "trainingruntimes",
+                inputs.runtime,
+                what=f"get TrainingRuntime {namespace}/{inputs.runtime}",
+                policy=policy,
+            )
+        else:
+            runtime = call(
+                custom.get_cluster_custom_object,
+                GROUP,
+                VERSION,
+                "clustertrainingruntimes",
+                inputs.runtime,
+                what=f"get ClusterTrainingRuntime {inputs.runtime}",
+                policy=policy,
+            )
+    except NotFound:
+        available = available_runtimes(api, namespace, policy=policy)
+        raise RuntimeNotFoundError(
+            f"runtime: {inputs.runtime_kind} {inputs.runtime!r} does not exist"
+            + (f" in namespace {namespace}" if inputs.runtime_kind == "TrainingRuntime" else "")
+            + f". Available: {', '.join(available) or 'none (is Kubeflow Trainer installed?)'}"
+        ) from None
+    return RuntimeInfo.from_runtime(
+        runtime, name=inputs.runtime, kind=inputs.runtime_kind, api_version=api_version, num_nodes=inputs.num_nodes
+    )

@@ -1,0 +1,254 @@
+"""Looking at a TrainJob's insides: why it cannot start, and why it failed.
+
+:class:`JobTracker` keeps the job's pods and the namespace's warning events current with one
+watch each (started when first needed, the event watch stopped once the trainer runs), so the
+launcher can ask "what keeps it from starting?" every second without a request.
+
+Cannot-start blockers, from events on the TrainJob, its JobSet and its Jobs (the controllers
+report there, not on the TrainJob) and from pod states:
+
+* fatal: ``TrainJobResourcesCreationFailed`` (TrainJob), ``JobCreationFailed`` and
+  ``HeadlessServiceCreationFailed`` (JobSet), ``FailedCreate`` (Job: pods refused by
+  PodSecurity admission, a ResourceQuota, a LimitRange or a webhook) -- the event's message
+  says why;
+* waited out (``blocker_grace``): unschedulable pods, images that cannot be pulled.
+
+Example:
+    >>> tracker = JobTracker(api, JobRef("ns", "train-x", "uid"), created="2026-01-01T00:00:00Z")  # doctest: +SKIP
+    >>> blockers(tracker)                                                                           # doctest: +SKIP
+    [Blocker(reason='FailedCreate', message='Job ns/train-x-node-0: pods "..." is forbidden: ...', fatal=True)]
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client import ApiClient
+
+from ...errors import UserError
+from ..base import Blocker, JobRef
+from .api import RetryPolicy, call
+from .cache import ObjectCache
+
+IMAGE_ERRORS = {
+    "ErrImagePull": False,
+    "ImagePullBackOff": False,
+    "InvalidImageName": True,
+    "CreateContainerConfigError": False,
+    "CreateContainerError": False,
+    "ErrImageNeverPull": True,
+}
+CANNOT_START_EVENTS = {
+    "TrainJobResourcesCreationFailed": "TrainJob",
+    "JobCreationFailed": "JobSet",
+    "HeadlessServiceCreationFailed": "JobSet",
+    "FailedCreate": "Job",
+}
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+_JOB_SUFFIX = re.compile(r"^-[a-z0-9]([-a-z0-9]*[a-z0-9])?-\d+$")
+
+
+def _second(stamp: Any) -> str:
+    return str(stamp or "")[:19]
+
+
+def event_time(event: dict[str, Any]) -> str:
+    """When an event last happened (RFC 3339), whichever of its time fields is set."""
+    meta = event.get("metadata") or {}
+    return str(event.get("lastTimestamp") or event.get("eventTime") or meta.get("creationTimestamp") or "")
+
+
+def belongs(event: dict[str, Any], ref: JobRef, created: str) -> bool:
+    """Whether ``event`` is about this TrainJob or what it owns (not an earlier job of the same name).
+
+    Example:
+        >>> ev = {"involvedObject": {"kind": "Job", "name": "tj-node-0"}, "lastTimestamp": "2026-01-01T00:00:05Z"}
+        >>> belongs(ev, JobRef("ns", "tj", "u"), "2026-01-01T00:00:00Z"), belongs(ev, JobRef("ns", "tj", "u"), "2026-01-01T00:01:00Z")
+        (True, False)
+    """
+    obj = event.get("involvedObject") or {}
+    kind, name = obj.get("kind"), str(obj.get("name") or "")
+    if created and _second(event_time(event)) < _second(created):
+        return False
+    if kind == "TrainJob":
+        return name == ref.name and (not ref.uid or not obj.get("uid") or obj.get("uid") == ref.uid)
+    if kind == "JobSet":
+        return name == ref.name
+    if kind == "Job":
+        return name.startswith(ref.name) and bool(_JOB_SUFFIX.match(name[len(ref.name) :]))
+    if kind == "Pod":
+        return name.startswith(ref.name + "-")
+    return False
+
+
+class JobTracker:
+    """The pods and warning events of one TrainJob, each kept by a watch while needed."""
+
+    def __init__(
+        self, api: ApiClient, ref: JobRef, *, created: str = "", policy: RetryPolicy = RetryPolicy(), timeout_seconds: int = 300
+    ) -> None:
+        self.api = api
+        self.ref = ref
+        self.created = created
+        self.policy = policy
+        self.timeout_seconds = timeout_seconds
+        self._pods: ObjectCache | None = None
+        self._events: ObjectCache | None = None
+
+    def pods(self) -> ObjectCache:
+        """The job's pods (started on first use)."""
+        if self._pods is None:
+            self._pods = ObjectCache(
+                self.api,
+                f"/api/v1/namespaces/{self.ref.namespace}/pods",
+                [("labelSelector", f"{JOBSET_LABEL}={self.ref.name}")],
+                keep=lambda pod: _second((pod.get("metadata") or {}).get("creationTimestamp")) >= _second(self.created),
+                timeout_seconds=self.timeout_seconds,
+                policy=self.policy,
+                name=f"pods-{self.ref.name}",
+            ).start()
+        return self._pods
+
+    def events(self) -> ObjectCache:
+        """The warning events about the job (started on first use)."""
+        if self._events is None:
+            self._events = ObjectCache(
+                self.api,
+                f"/api/v1/namespaces/{self.ref.namespace}/events",
+                [("fieldSelector", "type=Warning")],
+                keep=lambda event: belongs(event, self.ref, self.created),
+                timeout_seconds=self.timeout_seconds,
+                policy=self.policy,
+                name=f"events-{self.ref.name}",
+            ).start()
+        return self._events
+
+    def started(self) -> None:
+        """The trainer runs: blockers no longer matter, stop watching events."""
+        if self._events is not None:
+            self._events.close()
+
+    def close(self) -> None:
+        """Stop every watch."""
+        for cache in (self._pods, self._events):
+            if cache is not None:
+                cache.close()
+
+
+def blockers(tracker: JobTracker, *, wait: float = 5.0) -> list[Blocker]:
+    """What keeps the job from starting now (from the watches; the first call waits for their lists)."""
+    pods, events = tracker.pods(), tracker.events()
+    pods.synced.wait(wait)
+    events.synced.wait(wait)
+    found: list[Blocker] = []
+    for event in sorted(events.objects(), key=event_time):
+        reason = event.get("reason") or ""
+        obj = event.get("involvedObject") or {}
+        if CANNOT_START_EVENTS.get(reason) == obj.get("kind"):
+            found.append(
+                Blocker(reason, f"{obj.get('kind')} {tracker.ref.namespace}/{obj.get('name')}: {event.get('message') or ''}", fatal=True)
+            )
+    for pod in pods.objects():
+        found += pod_blockers(pod)
+    unique: dict[str, Blocker] = {}
+    for blocker in found:
+        unique.setdefault(blocker.reason, blocker)
+    return list(unique.values())
+
+
+def pod_blockers(pod: dict[str, Any]) -> list[Blocker]:
+    """Unschedulable or image trouble of one Pending pod (stored form)."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Pending":
+        return []
+    name = (pod.get("metadata") or {}).get("name")
+    found = []
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" and condition.get("reason") == "Unschedulable":
+            found.append(Blocker("Unschedulable", f"pod {name}: {condition.get('message')}"))
+    for cs in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_ERRORS:
+            found.append(
+                Blocker(
+                    waiting["reason"],
+                    f"pod {name} container {cs.get('name')}: {waiting.get('message') or ''}",
+                    fatal=IMAGE_ERRORS[waiting["reason"]],
+                )
+            )
+    return found
+
+
+def diagnose(api: ApiClient, ref: JobRef, *, tail: int = 40, created: str = "", policy: RetryPolicy = RetryPolicy()) -> str:
+    """Failed pods, recent events and the failing container's last log lines."""
+    core = client.CoreV1Api(api)
+    parts: list[str] = []
+    try:
+        pods = call(
+            core.list_namespaced_pod, ref.namespace, label_selector=f"{JOBSET_LABEL}={ref.name}", what=f"list pods of {ref}", policy=policy
+        ).items
+    except UserError as e:
+        return f"(could not list pods: {e})"
+    failing = None
+    pod_lines = []
+    for pod in sorted(pods, key=lambda p: p.metadata.name):
+        states = []
+        for cs in pod.status.container_statuses or []:
+            term = (cs.state.terminated if cs.state else None) or (cs.last_state.terminated if cs.last_state else None)
+            wait = cs.state.waiting if cs.state else None
+            detail = f"exit {term.exit_code} ({term.reason})" if term else (wait.reason if wait else "running")
+            states.append(f"{cs.name}: {detail}, restarts {cs.restart_count}")
+            if term and term.exit_code and failing is None:
+                failing = (pod.metadata.name, cs.name, bool(cs.state.waiting or cs.state.running))
+        pod_lines.append(f"  {pod.metadata.name}: {pod.status.phase}; " + "; ".join(states))
+    if pod_lines:
+        parts.append("Pods:\n" + "\n".join(pod_lines))
+    try:
+        events = call(core.list_namespaced_event, ref.namespace, what=f"list events in {ref.namespace}", policy=policy).items
+    except UserError:
+        events = []
+    related = [e for e in events if belongs(api.sanitize_for_serialization(e), ref, created)]
+    related.sort(key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
+    grouped: dict[tuple[str, str, str, str], tuple[str, int]] = {}  # the same complaint once, with a count
+    for e in related:
+        key = (e.type, e.reason, e.involved_object.kind, e.involved_object.name)
+        _, count = grouped.pop(key, ("", 0))
+        grouped[key] = (e.message or "", count + (e.count or 1))
+    if grouped:
+        parts.append(
+            "Recent events:\n"
+            + "\n".join(
+                f"  {kind_} {reason} {obj_kind}/{name}: {message}" + (f" (x{count})" if count > 1 else "")
+                for (kind_, reason, obj_kind, name), (message, count) in list(grouped.items())[-10:]
+            )
+        )
+    if failing:
+        pod_name, container, restarted = failing
+        try:
+            text = call(
+                core.read_namespaced_pod_log,
+                pod_name,
+                ref.namespace,
+                container=container,
+                tail_lines=tail,
+                previous=restarted,
+                what=f"logs of {pod_name}",
+                policy=policy,
+            )
+            parts.append(f"Last {tail} log lines of {pod_name}/{container}:\n" + "\n".join("  " + line for line in text.splitlines()))
+        except UserError as e:
+            parts.append(f"(log of {pod_name} unavailable: {e})")
+    return "\n\n".join(parts)
+
+
+def inspect_hint(ref: JobRef) -> str:
+    """Kubectl commands to look at the job."""
+    return (
+        f"  kubectl get trainjob -n {ref.namespace} {ref.name} -o yaml\n"
+        f"  kubectl get pods -n {ref.namespace} -l {JOBSET_LABEL}={ref.name}\n"
+        f"  kubectl logs -n {ref.namespace} -l {JOBSET_LABEL}={ref.name},"
+        f"batch.kubernetes.io/job-completion-index=0 -c node -f\n"
+        f"  kubectl get events -n {ref.namespace} --field-selector involvedObject.name={ref.name}"
+    )

@@ -1,0 +1,354 @@
+"""A TrainJob's lifecycle: create, adopt, replace, delete; never two live ones for one run and task.
+
+Submitting finds the task's TrainJobs by their lineage labels (run id + task) first:
+
+* the one with this name (same inputs) is adopted -- or, when it failed, replaced; when it is
+  already being deleted it is waited for, never adopted;
+* one with another name (other inputs: an earlier try of this task) is replaced: deleted and
+  waited for before the new one is created -- unless the launcher recorded on it still runs
+  (a sibling, e.g. another iteration of a ``ParallelFor``), which is left alone and named in
+  the log. Jobs of other runs or tasks are never touched.
+
+Deleting uses background propagation (the Trainer controller re-creates the JobSet of a TrainJob
+held by a foreground-deletion finalizer), then waits with watches -- bounded -- until the
+TrainJob, its JobSet, Jobs and pods are gone, and reports what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client import ApiClient
+
+from ... import cancel
+from ...errors import DeletionTimeoutError, ForbiddenError, RejectedError, UserError
+from ...spec import GROUP, LABEL_DIGEST, LABEL_RUN, LABEL_TASK, PLURAL, VERSION
+from .. import owner
+from ..base import JobRef, Phase, Submission, check_ownership, trainjob_status
+from .api import Conflict, NotFound, RetryPolicy, call
+from .discovery import version_mismatch
+from .watch import wait_gone
+
+log = logging.getLogger(__name__)
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+CREATE_TIMEOUT = (10, 20)  # a create is deferred against stop signals: keep it short
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Something of a deleted TrainJob still there when waiting ended."""
+
+    kind: str
+    name: str
+    terminating: bool
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}" + (" (terminating)" if self.terminating else "")
+
+
+def leftovers_message(ref: JobRef, left: list[Leftover], waited: float) -> str:
+    """What is left of a deleted TrainJob, and how to remove it."""
+    pods = [x for x in left if x.kind == "Pod"]
+    lines = [f"after deleting TrainJob {ref}, still present after {waited:.0f}s: " + ", ".join(map(str, left))]
+    if any(x.kind == "TrainJob" for x in left):
+        lines.append(f"  look at its finalizers: kubectl get trainjob -n {ref.namespace} {ref.name} -o jsonpath='{{.metadata.finalizers}}'")
+    if pods and all(x.terminating for x in pods) and len(pods) == len(left):
+        lines.append("  the pods were told to stop and go once their grace period ends")
+    lines.append(f"  remove them now: kubectl delete jobset,job,pod -n {ref.namespace} -l {JOBSET_LABEL}={ref.name} --wait=false")
+    return "\n".join(lines)
+
+
+class Lifecycle:
+    """Create, adopt, replace and delete TrainJobs through one API client."""
+
+    def __init__(self, api: ApiClient, *, policy: RetryPolicy = RetryPolicy(), replace_timeout: float = 120.0) -> None:
+        self.api = api
+        self.policy = policy
+        self.replace_timeout = replace_timeout
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.seen: dict[tuple[str, str], dict[str, Any]] = {}  # the job as created or adopted: its watch starts there
+
+    # ------------------------------------------------------------------ requests
+    def get(self, ref: JobRef) -> dict[str, Any]:
+        """The stored TrainJob (raises NotFound)."""
+        return call(
+            self.custom.get_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            ref.namespace,
+            PLURAL,
+            ref.name,
+            what=f"get TrainJob {ref}",
+            policy=self.policy,
+        )
+
+    def create(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create the TrainJob (strict field validation). A stop signal waits for the answer."""
+
+        def attempt(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            with cancel.deferred():  # the cancel then knows whether the job exists, and deletes it
+                return self.custom.create_namespaced_custom_object(*args, **kwargs)
+
+        name = manifest["metadata"]["name"]
+        try:
+            created = call(
+                attempt,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                manifest,
+                field_validation="Strict",
+                _request_timeout=CREATE_TIMEOUT,
+                what=f"create TrainJob {namespace}/{name}",
+                policy=self.policy,
+            )
+        except RejectedError as e:
+            hint = version_mismatch(str(e))
+            if hint:
+                raise RejectedError(f"{e}: {hint}") from e
+            raise
+        self._remember(created)
+        return created
+
+    def lineage(self, namespace: str, run: str, task: str) -> list[dict[str, Any]]:
+        """TrainJobs in ``namespace`` labelled with this run and task."""
+        body = call(
+            self.custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            label_selector=f"{LABEL_RUN}={run},{LABEL_TASK}={task}",
+            what=f"list TrainJobs of run {run} task {task}",
+            policy=self.policy,
+        )
+        return list(body.get("items") or [])
+
+    def _remember(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.seen[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = obj
+
+    # ------------------------------------------------------------------ submit
+    def submit(self, manifest: dict[str, Any], namespace: str) -> Submission:
+        """Create the TrainJob, adopt this task's earlier one, or replace it (see the module docstring)."""
+        manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
+        name = manifest["metadata"]["name"]
+        labels = manifest["metadata"].get("labels") or {}
+        notes: list[str] = []
+        existing = None
+        if labels.get(LABEL_RUN) and labels.get(LABEL_TASK):
+            try:
+                jobs = self.lineage(namespace, labels[LABEL_RUN], labels[LABEL_TASK])
+            except ForbiddenError as e:
+                jobs = []
+                notes.append(f"could not look for earlier tries of this task: {e}")
+            for job in jobs:
+                if job["metadata"]["name"] == name:
+                    existing = job
+                else:
+                    notes += self._retire(job, manifest)
+        if existing is None:
+            try:
+                created = self.create(namespace, manifest)
+                return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, notes=tuple(notes))
+            except Conflict:
+                pass
+            try:
+                existing = self.get(JobRef(namespace, name))
+            except NotFound:  # deleted in between: create once more
+                created = self.create(namespace, manifest)
+                return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, notes=tuple(notes))
+        return self._take_over(manifest, existing, notes)
+
+    def _take_over(self, manifest: dict[str, Any], existing: dict[str, Any], notes: list[str]) -> Submission:
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        check_ownership(manifest, existing, remedy=f"delete it: kubectl delete trainjob -n {namespace} {name}")
+        ref = JobRef(namespace, name, existing["metadata"]["uid"])
+        if existing["metadata"].get("deletionTimestamp"):
+            notes.append(f"TrainJob {ref} of an earlier try is being deleted; waited for it to go before creating a new one")
+            self._wait_gone_for_replace(ref, tree=True)
+            created = self.create(namespace, manifest)
+            return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, notes=tuple(notes))
+        if trainjob_status(existing).phase is Phase.FAILED:
+            log.warning("TrainJob %s from an earlier try failed; replacing it", ref)
+            self._delete_for_replace(ref, tree=True)
+            created = self.create(namespace, manifest)
+            return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, replaced=True, notes=tuple(notes))
+        self._remember(existing)
+        self._record_launcher(manifest, existing)
+        return Submission(ref, adopted=True, notes=tuple(notes))
+
+    def _record_launcher(self, manifest: dict[str, Any], existing: dict[str, Any]) -> None:
+        """Name this launcher on an adopted job, so gc and later tries see who follows it now."""
+        mine = (manifest["metadata"].get("annotations") or {}).get(owner.ANNOTATION)
+        if not mine or (existing["metadata"].get("annotations") or {}).get(owner.ANNOTATION) == mine:
+            return
+        meta = existing["metadata"]
+        try:
+            patched = call(
+                self.custom.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                PLURAL,
+                meta["name"],
+                {"metadata": {"annotations": {owner.ANNOTATION: mine}}},
+                what=f"record the launcher on TrainJob {meta['namespace']}/{meta['name']}",
+                policy=self.policy,
+            )
+            self._remember(patched)
+        except UserError as e:  # following the job matters more than the record
+            log.warning("%s", e)
+
+    def _retire(self, job: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
+        """Deal with a TrainJob of this run and task with other inputs (another name)."""
+        meta = job["metadata"]
+        ref = JobRef(meta["namespace"], meta["name"], meta["uid"])
+        old, new = (meta.get("labels") or {}).get(LABEL_DIGEST), (manifest["metadata"].get("labels") or {}).get(LABEL_DIGEST)
+        if meta.get("deletionTimestamp"):
+            self._wait_gone_for_replace(ref, tree=False)
+            return [f"waited for TrainJob {ref} of an earlier try of this task (being deleted) to go"]
+        status = trainjob_status(job)
+        if status.phase.finished:
+            return [f"kept TrainJob {ref} of an earlier try of this task with other inputs: it has {status.phase.value.lower()}"]
+        identity = owner.parse(job)
+        alive = self.launcher_alive(identity)
+        who = describe(identity)
+        if alive or owner.is_me(identity):
+            return [f"left TrainJob {ref} of this run and task (other inputs) alone: its launcher {who} still runs it"]
+        if alive is None:
+            return [
+                f"left TrainJob {ref} of this run and task (other inputs) alone: cannot tell whether its launcher {who} "
+                f"still runs; if it is stale: kfp-trainer gc -n {ref.namespace} --yes, "
+                f"or kubectl delete trainjob -n {ref.namespace} {ref.name}"
+            ]
+        self._delete_for_replace(ref, tree=False)
+        return [
+            f"replaced stale TrainJob {ref} of an earlier try of this task (inputs digest {old} -> {new}; "
+            f"its launcher {who} is gone): deleted it before creating {manifest['metadata']['name']}"
+        ]
+
+    def launcher_alive(self, identity: dict[str, Any] | None) -> bool | None:
+        """Whether the recorded launcher still runs: True, False (gone, or none recorded), or None (cannot tell)."""
+        if identity is None:
+            return False
+        if "pod" in identity:
+            namespace, _, name = str(identity["pod"]).partition("/")
+            try:
+                pod = call(self.core.read_namespaced_pod, name, namespace, what=f"get launcher pod {identity['pod']}", policy=self.policy)
+            except NotFound:
+                return False
+            except UserError:
+                return None
+            return owner.pod_alive(self.api.sanitize_for_serialization(pod), identity)
+        return owner.local_process_alive(identity)
+
+    # ------------------------------------------------------------------ delete
+    def _delete_for_replace(self, ref: JobRef, *, tree: bool) -> None:
+        left = self.delete(ref, wait=self.replace_timeout, tree=tree)
+        self._refuse_to_create_over(ref, left)
+
+    def _wait_gone_for_replace(self, ref: JobRef, *, tree: bool) -> None:
+        left = self._wait_tree(ref, time.monotonic() + self.replace_timeout, tree=tree)
+        self._refuse_to_create_over(ref, left)
+
+    def _refuse_to_create_over(self, ref: JobRef, left: list[Leftover]) -> None:
+        blocking = [x for x in left if x.kind != "Pod" or not x.terminating]
+        if blocking:
+            raise DeletionTimeoutError(
+                f"TrainJob {ref} of an earlier try was still being deleted after {self.replace_timeout:.0f}s "
+                f"({', '.join(map(str, blocking))}); not creating another one over it. "
+                + leftovers_message(ref, left, self.replace_timeout).split("\n", 1)[1].strip()
+                + "\nRetry the step once it is gone."
+            )
+
+    def delete(self, ref: JobRef, *, wait: float = 30.0, tree: bool = True) -> list[Leftover]:
+        """Delete the TrainJob (background propagation); wait, bounded, until it and what it owns are gone.
+
+        Args:
+            ref: The job; with a uid, a newer object of the same name is never deleted.
+            wait: Seconds to wait in all.
+            tree: Also wait for its JobSet, Jobs and pods (else only the TrainJob).
+
+        Returns:
+            What is still there when waiting ended (empty when everything is gone).
+        """
+        deadline = time.monotonic() + wait
+        try:
+            call(
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                ref.namespace,
+                PLURAL,
+                ref.name,
+                propagation_policy="Background",
+                body={"preconditions": {"uid": ref.uid}} if ref.uid else None,
+                what=f"delete TrainJob {ref}",
+                policy=RetryPolicy(attempts=3),
+            )
+        except NotFound:
+            pass
+        except Conflict:  # the precondition failed: another object has the name now, ours is gone
+            return []
+        return self._wait_tree(ref, deadline, tree=tree)
+
+    def _wait_tree(self, ref: JobRef, deadline: float, *, tree: bool) -> list[Leftover]:
+        ns, name = ref.namespace, ref.name
+        stages: list[tuple[str, str, list[tuple[str, str]]]] = [
+            ("TrainJob", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}", [("fieldSelector", f"metadata.name={name}")]),
+        ]
+        if tree:
+            by_label = [("labelSelector", f"{JOBSET_LABEL}={name}")]
+            stages += [
+                ("JobSet", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets", [("fieldSelector", f"metadata.name={name}")]),
+                ("Job", f"/apis/batch/v1/namespaces/{ns}/jobs", by_label),
+                ("Pod", f"/api/v1/namespaces/{ns}/pods", by_label),
+            ]
+        left: list[Leftover] = []
+        for kind, path, selectors in stages:
+            keep = (lambda o: not ref.uid or o["metadata"].get("uid") == ref.uid) if kind == "TrainJob" else (lambda o: True)
+            try:
+                still = wait_gone(self.api, path, selectors, timeout=max(0.0, deadline - time.monotonic()), keep=keep)
+            except ForbiddenError as e:  # not allowed to look: cannot tell, say nothing wrong
+                log.info("cannot check the %ss of TrainJob %s: %s", kind, ref, e)
+                continue
+            left += [Leftover(kind, o["metadata"]["name"], bool(o["metadata"].get("deletionTimestamp"))) for o in still]
+            if kind == "TrainJob" and still:
+                break  # its children are not collected before it goes
+        return left
+
+    def reclaim(self, manifest: dict[str, Any], namespace: str, *, wait: float = 30.0) -> tuple[JobRef, list[Leftover]] | None:
+        """After a cancel during submission: delete this task's job if it exists (it may have just been created)."""
+        ref = JobRef(namespace, manifest["metadata"]["name"])
+        try:
+            existing = self.get(ref)
+        except NotFound:
+            return None
+        mine, theirs = manifest["metadata"].get("labels") or {}, existing["metadata"].get("labels") or {}
+        if any(mine.get(k) != theirs.get(k) for k in (LABEL_RUN, LABEL_TASK, LABEL_DIGEST)):
+            return None
+        ref = JobRef(namespace, ref.name, existing["metadata"]["uid"])
+        return ref, self.delete(ref, wait=wait)
+
+
+def describe(identity: dict[str, Any] | None) -> str:
+    """A launcher identity for people.
+
+    Example:
+        >>> describe({"pod": "kubeflow/run-1-train", "uid": "u"})
+        'pod kubeflow/run-1-train'
+        >>> describe({"host": "laptop", "pid": 42, "start": 7})
+        'process 42 on laptop'
+    """
+    if not identity:
+        return "(none recorded)"
+    if "pod" in identity:
+        return f"pod {identity['pod']}"
+    return f"process {identity.get('pid')} on {identity.get('host')}"

@@ -1,0 +1,296 @@
+"""Follow one trainer node's log through the API server, without losing or repeating lines.
+
+The log of node ``i`` is the ``node`` container of the pod with labels
+``jobset.sigs.k8s.io/replicatedjob-name=node`` and ``batch.kubernetes.io/job-completion-index=i``
+among the job's pods. That pod may not exist yet, may be Pending for a long time, may restart
+its container, or may be replaced by a new pod.
+
+:class:`NodeLogFollower` learns about the pod from a shared pod watch (no polling), streams
+each container instance's log with ``follow=true&timestamps=true`` and remembers the timestamp
+of the last line (and how many lines carried exactly that timestamp):
+
+* the server ends a follow stream when the container instance stops: the follower then waits
+  for the pod watch to show why (restart, finished) and moves on, with nothing to re-read;
+* a dropped connection, or one quiet for ``read_timeout`` seconds, resumes from ``sinceTime``
+  and skips what was already shown;
+* when the launcher sets ``stop`` (the TrainJob finished, or the run is being cancelled), a
+  follower that has read its container to the end returns at once, without a request; one
+  still streaming is interrupted (:meth:`NodeLogFollower.interrupt`) and reads the rest once
+  from its cursor -- a finished job's containers have stopped, so that read is complete, while
+  a server may take seconds to end the stream on its own.
+
+A ``403`` on ``pods/log`` is reported once, naming the missing permission, and ends the follower.
+"""
+
+from __future__ import annotations
+
+import calendar
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+from kubernetes.client import ApiClient
+
+from ...errors import ForbiddenError, KfpTrainerError
+from ..base import LogLine, LogSink
+from .api import NotFound, RetryPolicy, call, request
+from .cache import ObjectCache
+from .watch import lines, shutdown
+
+log = logging.getLogger(__name__)
+CONTAINER = "node"
+Timestamp = tuple[int, int]  # (seconds since epoch, nanoseconds)
+_DIGITS = frozenset(b"0123456789")
+_minutes: dict[bytes, int] = {}
+
+
+def parse_timestamp(text: str | bytes) -> Timestamp | None:
+    """``2026-01-02T03:04:05.123Z`` (UTC) -> (epoch seconds, nanoseconds); None if not a timestamp.
+
+    Example:
+        >>> parse_timestamp("1970-01-02T00:00:01.5Z")
+        (86401, 500000000)
+    """
+    raw = text.encode() if isinstance(text, str) else text
+    if len(raw) < 20 or raw[-1:] != b"Z" or raw[4:5] != b"-" or raw[10:11] != b"T" or raw[13:14] != b":" or raw[16:17] != b":":
+        return None
+    minute = raw[:16]
+    base = _minutes.get(minute)
+    if base is None:
+        try:
+            fields = (raw[0:4], raw[5:7], raw[8:10], raw[11:13], raw[14:16])
+            if not all(f and set(f) <= _DIGITS for f in fields):
+                return None
+            year, month, day, hour, mins = (int(f) for f in fields)
+            if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and mins < 60):
+                return None
+            base = calendar.timegm((year, month, day, hour, mins, 0, 0, 0, 0))
+        except ValueError:
+            return None
+        if len(_minutes) > 4096:
+            _minutes.clear()
+        _minutes[minute] = base
+    seconds, fraction = raw[17:19], raw[20:-1] if raw[19:20] == b"." else b""
+    if not (set(seconds) <= _DIGITS and set(fraction) <= _DIGITS) or raw[19:20] not in (b".", b"Z"):
+        return None
+    return base + int(seconds), int(fraction[:9].ljust(9, b"0")) if fraction else 0
+
+
+def format_since(ts: Timestamp) -> str:
+    """RFC 3339 (second precision, as the API's sinceTime takes it) for ``ts``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts[0]))
+
+
+@dataclass
+class _Cursor:
+    """Position in a container's log: the last timestamp shown and lines shown at it."""
+
+    last: Timestamp | None = None
+    at_last: int = 0
+
+    def admit(self, ts: Timestamp | None, seen_at: dict[Timestamp, int]) -> bool:
+        """Whether a line with ``ts`` is new; ``seen_at`` counts lines of this read per ts."""
+        if ts is None:
+            return True
+        seen_at[ts] = seen_at.get(ts, 0) + 1
+        if self.last is None or ts > self.last:
+            self.last, self.at_last = ts, seen_at[ts]
+            return True
+        if ts == self.last and seen_at[ts] > self.at_last:
+            self.at_last = seen_at[ts]
+            return True
+        return False
+
+
+def container_status(pod: dict[str, Any]) -> dict[str, Any]:
+    """The trainer container's status in ``pod`` (empty when not reported yet)."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == CONTAINER:
+            return status
+    return {}
+
+
+def _started(pod: dict[str, Any]) -> bool:
+    state = container_status(pod).get("state") or {}
+    return "running" in state or "terminated" in state
+
+
+def _instance(pod: dict[str, Any]) -> tuple[str, int]:
+    return pod["metadata"]["uid"], int(container_status(pod).get("restartCount") or 0)
+
+
+def _instance_over(pod: dict[str, Any] | None, instance: tuple[str, int]) -> bool:
+    """Whether the pod watch shows that container instance ended (stopped, restarted, pod gone)."""
+    if pod is None or pod["metadata"]["uid"] != instance[0]:
+        return True
+    status = container_status(pod)
+    return int(status.get("restartCount") or 0) > instance[1] or "terminated" in (status.get("state") or {})
+
+
+class NodeLogFollower:
+    """Streams the log of one trainer node to a sink. Run :meth:`run` in a thread."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        namespace: str,
+        job: str,
+        replicated_job: str,
+        index: int,
+        sink: LogSink,
+        stop: threading.Event,
+        source: str,
+        pods: ObjectCache | None = None,
+        poll: float = 1.0,
+        read_timeout: float = 300.0,
+        settle: float = 2.0,
+        policy: RetryPolicy = RetryPolicy(),
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.labels = {
+            "jobset.sigs.k8s.io/jobset-name": job,
+            "jobset.sigs.k8s.io/replicatedjob-name": replicated_job,
+            "batch.kubernetes.io/job-completion-index": str(index),
+        }
+        path = f"/api/v1/namespaces/{namespace}/pods"
+        self.pods = pods or ObjectCache(api, path, [("labelSelector", f"jobset.sigs.k8s.io/jobset-name={job}")], policy=policy)
+        self.sink = sink
+        self.stop = stop
+        self.source = source
+        self.poll = poll
+        self.read_timeout = read_timeout
+        self.settle = settle
+        self.policy = policy
+        self.sleep = sleep or stop.wait
+        self.cursors: dict[str, _Cursor] = {}  # by pod uid
+        self.done: set[tuple[str, int]] = set()  # container instances read to their end
+        self.lines = 0
+        self._response: Any = None
+
+    def interrupt(self) -> None:
+        """Unblock a follow read in progress (called from another thread once ``stop`` is set)."""
+        response = self._response
+        if response is not None:
+            shutdown(response)
+
+    # -- pods
+    def _mine(self, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+        matching = [p for p in pods if all(((p["metadata"].get("labels") or {}).get(k) == v) for k, v in self.labels.items())]
+        if not matching:
+            return None
+        # The newest pod is the current one when the Job replaced a failed pod.
+        return max(matching, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
+
+    def _next(self) -> dict[str, Any] | None:
+        """The pod whose current container instance is still to be read; None when all is read."""
+
+        def unread(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+            pod = self._mine(pods)
+            return pod if pod is not None and _started(pod) and _instance(pod) not in self.done else None
+
+        pod = self.pods.wait(unread, stop=self.stop)
+        if pod is not None or self.done:
+            return pod
+        # Stopped before any container of this node was seen running: the pod watch may trail
+        # the TrainJob's by a moment, so give it a short look before concluding there is no log.
+        return self.pods.wait(unread, timeout=min(self.settle, 2.0))
+
+    # -- logs
+    def _read(self, pod: str, cursor: _Cursor, *, follow: bool, previous: bool = False) -> bool:
+        """Read (or follow) one log; True when the server ended it normally."""
+        query: list[tuple[str, Any]] = [("container", CONTAINER), ("timestamps", "true")]
+        if follow:
+            query.append(("follow", "true"))
+        if previous:
+            query.append(("previous", "true"))
+        if cursor.last is not None:
+            query.append(("sinceTime", format_since(cursor.last)))
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{pod}/log"
+        timeout = (10, self.read_timeout if follow else 60)
+        response = call(request, self.api, path, query, timeout=timeout, stream=True, what=f"read the log of pod {pod}", policy=self.policy)
+        seen_at: dict[Timestamp, int] = {}
+        if follow:
+            self._response = response
+        try:
+            for raw in lines(response):
+                text = raw.rstrip(b"\r")
+                stamp, _, rest = text.partition(b" ")
+                ts = parse_timestamp(stamp)
+                line = rest if ts is not None else text
+                if cursor.admit(ts, seen_at):
+                    self.lines += 1
+                    self.sink(LogLine(self.source, line.decode("utf-8", errors="replace")))
+            return True
+        finally:
+            self._response = None
+            response.release_conn()
+
+    def run(self) -> None:
+        """Follow until the node's pod finishes or ``stop`` is set. Never raises."""
+        try:
+            self.pods.start()
+            self._run()
+        except ForbiddenError as e:
+            log.warning("%s: no training log: %s", self.source, e)
+        except KfpTrainerError as e:
+            log.warning("%s: log streaming stopped: %s", self.source, e)
+        except Exception as e:  # a log follower must never take the launcher down
+            log.warning("%s: log streaming stopped: %s: %s", self.source, type(e).__name__, e)
+
+    def _run(self) -> None:
+        while True:
+            pod = self._next()
+            if pod is None:
+                return
+            self._read_instance(pod)
+
+    def _read_instance(self, pod: dict[str, Any]) -> None:
+        instance = _instance(pod)
+        uid, restarts = instance
+        name = pod["metadata"]["name"]
+        cursor = self.cursors.setdefault(uid, _Cursor())
+        if restarts > 0 and (uid, restarts - 1) not in self.done:
+            # The instance before this one was not read to its end (or not seen at all): its log first.
+            self._safe_read(name, cursor, previous=True)
+            self.done.add((uid, restarts - 1))
+        running = "running" in (container_status(pod).get("state") or {})
+        if self.stop.is_set() or not running:
+            if self._safe_read(name, cursor, follow=False):
+                self.done.add(instance)
+            return
+        if self._safe_read(name, cursor, follow=True):
+            # The server ends a follow stream when the instance stops: wait for the pod watch to say so.
+            over = self.pods.wait(
+                lambda pods: True if _instance_over(self._mine(pods), instance) else None, timeout=self.settle, stop=self.stop
+            )
+            if over or self.stop.is_set():
+                self.done.add(instance)
+        elif self.stop.is_set():
+            if self._safe_read(name, cursor, follow=False):  # interrupted during the drain: the rest from the cursor
+                self.done.add(instance)
+
+    def _safe_read(self, pod: str, cursor: _Cursor, *, follow: bool = False, previous: bool = False) -> bool:
+        """:meth:`_read`, with interruptions answered by a pause (False); 403 ends the follower."""
+        try:
+            return self._read(pod, cursor, follow=follow, previous=previous)
+        except ForbiddenError:  # (our errors first: a UserError is also a ValueError)
+            raise
+        except NotFound:  # the pod is gone; the pod watch tells what replaced it
+            return True
+        except KfpTrainerError as e:  # 400 "container ... is waiting to start" and the like
+            log.info("%s: %s", self.source, e)
+            if not self.stop.is_set():
+                self.sleep(self.poll)
+            return False
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            if not self.stop.is_set():
+                log.info("%s: log stream of %s interrupted (%s); resuming", self.source, pod, e)
+                self.sleep(min(self.poll, 1.0))
+            return False

@@ -1,0 +1,270 @@
+"""A continuous watch of Kubernetes objects: list, then watch from ``resourceVersion``.
+
+Small layers, each with one job:
+
+* :func:`watch` reconnects forever: lists when it has no version, re-opens the stream from
+  the last version it saw after a server timeout or a dropped connection (with backoff),
+  and relists on ``410 Gone``. Bookmarks advance the version. The failure count behind the
+  backoff restarts at zero each time a stream opens, so hours of routine reconnects never
+  add up to giving up; only failures in a row do.
+* :func:`open_stream` opens one watch request; :func:`decode` turns its body into events.
+* :func:`lines` splits an HTTP body into lines as chunks arrive.
+* :func:`wait_gone` waits, bounded, until the objects a selector matches are gone.
+
+:func:`watch` yields ``("LIST", {"items": [...]})`` after each list, the server's
+``ADDED``/``MODIFIED``/``DELETED`` events, and ``None`` each time a stream ends normally.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import urllib3
+from kubernetes.client import ApiClient
+
+from ...errors import InfraError, KfpTrainerError, UserError
+from .api import TRANSIENT, Gone, NotFound, RetryPolicy, call, request, translate
+
+log = logging.getLogger(__name__)
+Event = tuple[str, dict[str, Any]]
+STREAM_ERRORS = (urllib3.exceptions.HTTPError, OSError, TimeoutError, ValueError)
+
+
+class Handle:
+    """Lets another thread end a watch: :meth:`close` shuts its open stream down."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.response: Any = None
+        self._lock = threading.Lock()
+
+    def attach(self, response: Any) -> None:
+        """Remember the open stream (closing it at once if :meth:`close` came first)."""
+        with self._lock:
+            self.response = response
+            closed = self.closed
+        if closed:
+            shutdown(response)
+
+    def close(self) -> None:
+        """End the watch: no more reconnects, the open stream is shut down."""
+        with self._lock:
+            self.closed = True
+            response = self.response
+        if response is not None:
+            shutdown(response)
+
+
+def shutdown(response: Any) -> None:
+    """Unblock a read in progress on ``response`` (from another thread)."""
+    try:
+        response.shutdown()
+    except Exception:  # older urllib3, or already closed
+        try:
+            response.close()
+        except Exception:
+            pass
+
+
+def list_objects(api: ApiClient, path: str, selectors: list[tuple[str, str]], *, policy: RetryPolicy) -> tuple[list[dict[str, Any]], str]:
+    """List objects at ``path``; return them and the list's resourceVersion."""
+    body = call(request, api, path, list(selectors), timeout=30, what=f"list {path}", policy=policy)
+    return list(body.get("items") or []), str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def lines(response: Any) -> Iterator[bytes]:
+    """The non-empty lines of a streamed body, as they arrive."""
+    buffer = b""
+    for chunk in response.stream(amt=None, decode_content=True):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield line
+    if buffer.strip():
+        yield buffer
+
+
+def open_stream(api: ApiClient, path: str, selectors: list[tuple[str, str]], resource_version: str, timeout_seconds: int) -> Any:
+    """Open one watch request from ``resource_version``; the raw streaming response."""
+    query = [
+        *selectors,
+        ("watch", "true"),
+        ("allowWatchBookmarks", "true"),
+        ("resourceVersion", resource_version),
+        ("timeoutSeconds", max(1, int(timeout_seconds))),
+    ]
+    return request(api, path, query, timeout=(10, timeout_seconds + 15), stream=True)
+
+
+def decode(response: Any) -> Iterator[Event]:
+    """Events of an open watch stream; releases the connection at the end."""
+    try:
+        for raw in lines(response):
+            event = json.loads(raw)
+            yield str(event.get("type", "")), event.get("object") or {}
+    finally:
+        response.release_conn()
+
+
+def _version(obj: dict[str, Any], default: str) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or default)
+
+
+def _raise_error_event(path: str, obj: dict[str, Any]) -> None:
+    if obj.get("code") == 410:
+        raise Gone(str(obj.get("message", "resourceVersion too old")))
+    raise InfraError(f"watch {path}: {obj.get('message', obj)}")
+
+
+def watch(
+    api: ApiClient,
+    path: str,
+    selectors: list[tuple[str, str]],
+    *,
+    timeout_seconds: int = 300,
+    policy: RetryPolicy = RetryPolicy(),
+    sleep: Callable[[float], None] = time.sleep,
+    resource_version: str | None = None,
+    handle: Handle | None = None,
+) -> Iterator[Event | None]:
+    """Watch objects at ``path`` until ``handle`` is closed; see the module docstring.
+
+    Args:
+        api: The API client.
+        path: Collection path, e.g. ``/api/v1/namespaces/ns/pods``.
+        selectors: ``fieldSelector``/``labelSelector`` query pairs.
+        timeout_seconds: Server-side watch timeout (one request per period when quiet).
+        policy: Backoff for reconnects; ``InfraError`` after that many failures in a row.
+        sleep: Injected for tests.
+        resource_version: Start from this version instead of listing first (a resumed
+            watch); a version that is too old makes the server answer 410, and the watch
+            relists.
+        handle: Ends the watch from another thread.
+    """
+    handle = handle or Handle()
+    version = resource_version
+    failures = 0
+    delays = policy.delays()
+    while not handle.closed:
+        try:
+            if version is None:
+                items, version = list_objects(api, path, selectors, policy=policy)
+                yield "LIST", {"items": items}
+                continue
+            response = open_stream(api, path, selectors, version, timeout_seconds)
+            failures = 0  # the server answered: whatever came before was not a lasting failure
+            handle.attach(response)
+            for kind, obj in decode(response):
+                if kind == "ERROR":
+                    _raise_error_event(path, obj)
+                version = _version(obj, version)
+                if kind != "BOOKMARK":
+                    yield kind, obj
+            if not handle.closed:
+                yield None
+        except Gone as e:
+            log.info("watch %s: %s; relisting", path, e)
+            version = None
+        except KfpTrainerError:  # mapped already (e.g. 403 on the list): not a dropped stream
+            raise
+        except STREAM_ERRORS as e:
+            if handle.closed:
+                return
+            failures = _backoff(path, e, failures, delays, sleep)
+        except TRANSIENT as e:  # ApiException while opening the stream
+            error = translate(e, f"watch {path}")
+            if isinstance(error, Gone):
+                log.info("watch %s: %s; relisting", path, error)
+                version = None
+                continue
+            if not isinstance(error, InfraError):
+                raise error from e
+            failures = _backoff(path, e, failures, delays, sleep)
+
+
+def _backoff(path: str, error: BaseException, failures: int, delays: list[float], sleep: Callable[[float], None]) -> int:
+    if failures >= len(delays):
+        raise InfraError(f"watch {path}: gave up after {failures} failed reconnects in a row: {error}") from error
+    log.warning("watch %s interrupted (%s); reconnecting in %.1fs", path, error, delays[failures])
+    sleep(delays[failures])
+    return failures + 1
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("uid") or meta.get("name"))
+
+
+def wait_gone(
+    api: ApiClient,
+    path: str,
+    selectors: list[tuple[str, str]],
+    *,
+    timeout: float,
+    keep: Callable[[dict[str, Any]], bool] = lambda obj: True,
+    policy: RetryPolicy = RetryPolicy(attempts=3),
+    clock: Callable[[], float] = time.monotonic,
+) -> list[dict[str, Any]]:
+    """Wait (at most ``timeout`` seconds, with one watch) until no object at ``path`` matches.
+
+    Args:
+        api: The API client.
+        path: Collection path.
+        selectors: ``fieldSelector``/``labelSelector`` query pairs.
+        timeout: The bound, in seconds.
+        keep: Which of the listed objects to wait for (e.g. the one with a given uid).
+        policy: Retries of the list.
+        clock: Injected for tests.
+
+    Returns:
+        The objects still there when the time ran out (empty when all are gone).
+
+    Raises:
+        KfpTrainerError: The list itself failed (e.g. ForbiddenError).
+    """
+    deadline = clock() + timeout
+    present: dict[str, dict[str, Any]] = {}
+    version: str | None = None
+    while True:
+        try:
+            if version is None:
+                try:
+                    items, version = list_objects(api, path, selectors, policy=policy)
+                except NotFound:  # the kind is not served here: nothing of it can be left
+                    return []
+                present = {_key(o): o for o in items if keep(o)}
+            if not present:
+                return []
+            left = deadline - clock()
+            if left <= 0:
+                return list(present.values())
+            for kind, obj in decode(open_stream(api, path, selectors, version, math.ceil(left))):
+                if kind == "ERROR":
+                    _raise_error_event(path, obj)
+                version = _version(obj, version)
+                if kind == "DELETED":
+                    present.pop(_key(obj), None)
+                elif kind in ("ADDED", "MODIFIED") and keep(obj):
+                    present[_key(obj)] = obj
+                if not present:
+                    return []
+        except Gone:
+            version = None
+        except UserError:
+            raise
+        except (*STREAM_ERRORS, *TRANSIENT, InfraError) as e:
+            if isinstance(e, TRANSIENT) and not isinstance(e, STREAM_ERRORS):
+                error = translate(e, f"watch {path}")
+                if not isinstance(error, (Gone, InfraError)):
+                    raise error from e
+            version = None
+            if clock() >= deadline:
+                return list(present.values())
+            time.sleep(min(0.5, max(0.0, deadline - clock())))

@@ -1,0 +1,133 @@
+"""How a local TrainJob runs: its runtime, its command, its nodes' environment, its ``/workspace``.
+
+Pure functions of the TrainJob manifest and the runtime document (plus ``os.environ``); the
+local backend (:mod:`kfp_trainer.backends.local`) starts the processes.
+
+Example:
+    >>> map_workspace("/workspace/model", Path("/tmp/job/workspace"))
+    '/tmp/job/workspace/model'
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ValidationError
+from ..spec import dig
+
+log = logging.getLogger(__name__)
+RUNTIMES_ENV = "KFP_TRAINER_RUNTIMES_DIR"
+WORKSPACE = "/workspace"
+
+BUILTIN_RUNTIMES: dict[str, dict[str, Any]] = {
+    "torch-distributed": {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "torch-distributed", "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {"spec": {"replicatedJobs": [{"name": "node"}]}},
+        },
+    },
+}
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def load_runtimes(runtimes_dir: Path | None) -> dict[str, dict[str, Any]]:
+    """Built-in runtimes plus those in ``runtimes_dir`` (YAML), by ``Kind/name``."""
+    found = {f"ClusterTrainingRuntime/{name}": rt for name, rt in BUILTIN_RUNTIMES.items()}
+    if runtimes_dir and runtimes_dir.is_dir():
+        for path in sorted(runtimes_dir.glob("*.y*ml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if isinstance(doc, dict) and doc.get("kind") in ("ClusterTrainingRuntime", "TrainingRuntime"):
+                    found[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return found
+
+
+def map_workspace(value: str, workspace: Path) -> str:
+    """A path (or ``NAME=path``) as the trainer sees it under ``/workspace``, mapped to ``workspace``."""
+    if value == WORKSPACE or value.startswith(WORKSPACE + "/"):
+        return str(workspace) + value[len(WORKSPACE) :]
+    return value.replace("=" + WORKSPACE + "/", "=" + str(workspace) + "/")
+
+
+def node_container(runtime: dict[str, Any]) -> dict[str, Any]:
+    """The runtime's trainer container (``node`` of the ``node`` replicated job)."""
+    for rj in dig(runtime, "spec", "template", "spec", "replicatedJobs") or []:
+        if rj.get("name") == "node":
+            for c in dig(rj, "template", "spec", "template", "spec", "containers") or []:
+                if c.get("name") == "node":
+                    return c
+    return {}
+
+
+def trainer_command(manifest: dict[str, Any], runtime: dict[str, Any], workspace: Path) -> list[str]:
+    """The command each node runs: the TrainJob's, else the runtime's, with paths mapped.
+
+    Raises:
+        ValidationError: No command, or its program is not on this machine.
+    """
+    trainer = manifest["spec"].get("trainer") or {}
+    command = list(trainer.get("command") or [])
+    args = list(trainer.get("args") or [])
+    if not command:
+        container = node_container(runtime)
+        command = list(container.get("command") or [])
+        args = args or list(container.get("args") or [])
+    if not command:
+        raise ValidationError("command", command, "a trainer command: local runs have no container image entry point")
+    full = [map_workspace(part, workspace) for part in command + args]
+    bin_dir = Path(sys.executable).parent
+    if full[0] in ("python", "python3"):
+        full[0] = sys.executable
+    elif (bin_dir / full[0]).exists():
+        full[0] = str(bin_dir / full[0])
+    if shutil.which(full[0]) is None:
+        raise ValidationError("command[0]", full[0], "an executable found on this machine's PATH (local mode runs it directly)")
+    return full
+
+
+def initializer_env(manifest: dict[str, Any], kind: str) -> dict[str, str]:
+    """The shell's environment plus the initializer's literal env (secrets come from the shell)."""
+    env = dict(os.environ)
+    for item in ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("env") or []:
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+    return env
+
+
+def node_env(manifest: dict[str, Any], runtime: dict[str, Any], workspace: Path, nodes: int) -> dict[str, str]:
+    """The environment every node shares; torch runtimes get the PET_* rendezvous (not the rank)."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["KFP_TRAINER_WORKSPACE"] = str(workspace)
+    for item in (manifest["spec"].get("trainer") or {}).get("env") or []:
+        if "value" in item:
+            env[item["name"]] = map_workspace(str(item["value"]), workspace)
+        elif item["name"] not in os.environ:
+            log.warning("env %s comes from a Secret/ConfigMap reference; set it in this shell for local runs", item["name"])
+    policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
+    if "torch" in policy:
+        trainer = manifest["spec"].get("trainer") or {}
+        env.update(
+            PET_NNODES=str(nodes),
+            PET_NPROC_PER_NODE=str(trainer.get("numProcPerNode") or (policy["torch"] or {}).get("numProcPerNode") or "auto"),
+            PET_MASTER_ADDR="127.0.0.1",
+            PET_MASTER_PORT=str(free_port()),
+        )
+    return env

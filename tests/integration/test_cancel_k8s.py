@@ -1,0 +1,94 @@
+"""A stop signal at any moment of a launch ends with the TrainJob deleted or never created (real API server)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from k8s_objects import backend, inputs, recording, trainjobs, wait_for
+
+from kfp_trainer import spec
+from kfp_trainer.errors import CancelledError
+from kfp_trainer.launcher import Launcher, LaunchOptions
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_a_signal_while_the_create_request_is_in_flight_deletes_what_it_created(api_client, namespace):
+    def sigterm_on_create(request):
+        method, path, query = request
+        if method == "POST" and path.endswith(f"/{spec.PLURAL}") and "dryRun" not in query:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands while the request is being sent
+
+    rec = recording(api_client, before=sigterm_on_create)
+    out = io.StringIO()
+    launcher = Launcher(backend(rec, namespace), LaunchOptions(logs="none"), out=out)
+    with pytest.raises(CancelledError):
+        launcher.run(inputs(namespace, suspend=True))
+    assert rec.count("POST", f"/{spec.PLURAL}") >= 1  # the create did reach the server
+    assert "cancelled while submitting; deleted TrainJob" in out.getvalue()
+    assert trainjobs(api_client, namespace) == []
+
+
+def launch_cmd(cluster, namespace: str, run_id: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "kfp_trainer.cli",
+        "launch",
+        "--kubeconfig",
+        cluster.kubeconfig,
+        "--namespace",
+        namespace,
+        "--runtime",
+        "torch-distributed",
+        "--run-id",
+        run_id,
+        "--task-name",
+        "train",
+        "--logs",
+        "none",
+        "--suspend",  # with a real Trainer controller too, the job waits for the signal
+    ]
+
+
+def start(cluster, namespace: str, run_id: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(launch_cmd(cluster, namespace, run_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def test_sigterm_swept_from_process_start_to_following_never_leaks_a_job(cluster, api_client, namespace):
+    # How long a launch takes to create its job here: the sweep spans that window and beyond.
+    proc = start(cluster, namespace, "calibrate")
+    began = time.monotonic()
+    for line in proc.stdout:  # type: ignore[union-attr]
+        if "created TrainJob" in line:
+            break
+    created_after = time.monotonic() - began
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    wait_for(lambda: trainjobs(api_client, namespace) == [], timeout=10, what="the calibration job deleted")
+
+    points = 20
+    outcomes = []
+    for i in range(points):
+        delay = created_after * 1.4 * i / (points - 1)
+        run_id = f"sweep-{i}"
+        proc = start(cluster, namespace, run_id)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+        outcomes.append((round(delay, 2), proc.returncode, "created TrainJob" in output))
+        # Killed by the signal's default action before handlers were installed (nothing created yet), or cancelled.
+        assert proc.returncode in (130, -signal.SIGTERM), (delay, output)
+        left = [j["metadata"]["name"] for j in trainjobs(api_client, namespace) if j["metadata"]["labels"].get(spec.LABEL_RUN) == run_id]
+        assert left == [], (delay, output)
+    # The sweep really crossed creation: some signals landed after the job existed.
+    assert any(created for _, _, created in outcomes), outcomes
+    assert any(rc == 130 for _, rc, _ in outcomes), outcomes

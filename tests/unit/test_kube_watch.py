@@ -1,0 +1,119 @@
+"""The watch loop against scripted server answers (event streams as constants, no sleeps)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import urllib3
+
+from kfp_trainer.backends.kube.api import RetryPolicy
+from kfp_trainer.backends.kube.watch import Handle, wait_gone, watch
+from kfp_trainer.errors import InfraError
+
+POD = {"metadata": {"name": "p", "uid": "u1", "resourceVersion": "10"}}
+LIST = {"items": [POD], "metadata": {"resourceVersion": "10"}}
+EXPIRED = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version: 1 (269)"}}
+
+
+class Body:
+    """A streamed HTTP body: its chunks, then an end or a dropped connection."""
+
+    def __init__(self, events=(), *, drop: bool = False) -> None:
+        self.chunks = [json.dumps(e).encode() + b"\n" for e in events]
+        self.drop = drop
+
+    def stream(self, amt=None, decode_content=True):
+        yield from self.chunks
+        if self.drop:
+            raise urllib3.exceptions.ProtocolError("Connection broken: reset by peer")
+
+    def release_conn(self):
+        pass
+
+    def shutdown(self):
+        pass
+
+
+class FakeApi:
+    """Answers each request from a script: a dict (list body), a Body (watch), or an exception."""
+
+    def __init__(self, script) -> None:
+        self.script = list(script)
+        self.requests: list[dict] = []
+
+    def call_api(self, path, method, query_params=(), _preload_content=True, **kwargs):
+        query = dict(query_params)
+        self.requests.append({"path": path, "method": method, **query})
+        answer = self.script.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+def take(iterator, n):
+    return [next(iterator) for _ in range(n)]
+
+
+def test_a_410_in_the_stream_relists_and_resumes_from_the_new_version():
+    api = FakeApi(
+        [Body([EXPIRED]), LIST, Body([{"type": "MODIFIED", "object": {**POD, "metadata": {**POD["metadata"], "resourceVersion": "11"}}}])]
+    )
+    events = take(watch(api, "/x", [], resource_version="1", sleep=lambda s: None), 2)
+    assert events[0] == ("LIST", {"items": [POD]})
+    assert events[1][0] == "MODIFIED"
+    assert [r.get("resourceVersion") for r in api.requests] == ["1", None, "10"]
+    assert api.requests[1].get("watch") is None  # the second request is the list
+
+
+def test_hours_of_reconnects_never_exhaust_the_failure_budget():
+    # Each stream opens fine, then the connection is cut (a proxy's idle timeout): 50 times in a row.
+    policy = RetryPolicy(attempts=3, base=0.01)
+    api = FakeApi([Body([], drop=True) for _ in range(50)] + [Body([{"type": "MODIFIED", "object": POD}])])
+    sleeps: list[float] = []
+    first = next(e for e in watch(api, "/x", [], resource_version="5", policy=policy, sleep=sleeps.append) if e is not None)
+    assert first[0] == "MODIFIED" and len(sleeps) == 50
+
+
+def test_failures_in_a_row_give_up_with_an_infra_error():
+    policy = RetryPolicy(attempts=3, base=0.01)
+    refused = urllib3.exceptions.MaxRetryError(None, "/x", "refused")
+    api = FakeApi([refused] * 3)
+    with pytest.raises(InfraError, match="gave up after 2 failed reconnects"):
+        list(watch(api, "/x", [], resource_version="5", policy=policy, sleep=lambda s: None))
+
+
+def test_bookmarks_advance_the_version_without_being_yielded():
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "42"}}}
+    api = FakeApi([Body([bookmark]), Body([{"type": "DELETED", "object": POD}])])
+    events = take(watch(api, "/x", [], resource_version="5", sleep=lambda s: None), 2)
+    assert events == [None, ("DELETED", POD)]
+    assert api.requests[1]["resourceVersion"] == "42"
+
+
+def test_a_closed_handle_ends_the_watch():
+    handle = Handle()
+    api = FakeApi([Body([{"type": "ADDED", "object": POD}])])
+    stream = watch(api, "/x", [], resource_version="5", handle=handle)
+    assert next(stream)[0] == "ADDED"
+    handle.close()
+    assert list(stream) == []
+
+
+def test_wait_gone_returns_once_the_watch_sees_the_deletion():
+    api = FakeApi([LIST, Body([{"type": "DELETED", "object": POD}])])
+    assert wait_gone(api, "/x", [], timeout=30) == []
+    assert [r["method"] for r in api.requests] == ["GET", "GET"] and api.requests[1]["watch"] == "true"
+
+
+def test_wait_gone_reports_what_is_left_when_time_runs_out():
+    ticks = iter([0.0, 0.0, 31.0, 31.0])
+    api = FakeApi([LIST, Body([{"type": "MODIFIED", "object": POD}])])
+    left = wait_gone(api, "/x", [], timeout=30, clock=lambda: next(ticks))
+    assert [o["metadata"]["name"] for o in left] == ["p"]
+
+
+def test_wait_gone_only_waits_for_the_objects_it_keeps():
+    api = FakeApi([LIST])
+    assert wait_gone(api, "/x", [], timeout=30, keep=lambda o: o["metadata"]["uid"] == "another") == []
+    assert len(api.requests) == 1
