@@ -48,10 +48,13 @@ def test_component_modules_import_only_stdlib_and_kfp_at_top_level():
     assert out == "[]"
 
 
-def test_every_component_runs_in_the_published_image_and_installs_nothing():
+def test_every_component_runs_in_the_projects_own_published_image_and_installs_nothing():
+    from kfp_trainer.components import _image
+
     for name, component in COMPONENTS.items():
         container = component.component_spec.implementation.container
-        assert container.image.startswith("ghcr.io/kubeflow/kfp-trainer"), name
+        assert container.image in (_image.DEFAULT_IMAGE, _image.DEFAULT_TRAINER_IMAGE), name
+        assert container.image.startswith("ghcr.io/kfp-trainer/") and container.image.endswith(":" + _image.VERSION), name
         assert "pip install" not in " ".join(container.command or []), name
 
 
