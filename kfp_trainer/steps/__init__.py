@@ -15,6 +15,7 @@ Artifacts are duck-typed (``.path``, ``.uri``, ``.metadata``, ``.log_metric``), 
 here imports KFP or torch at module level and each can be tested without a pipeline.
 """
 
+from .classify import run_classifier_evaluation
 from .common import (
     copy_dir,
     dir_stats,
@@ -33,6 +34,7 @@ from .common import (
 from .evaluate import compare, read_metrics_artifact, run_evaluate, run_lm_eval
 from .function import BOOTSTRAP, function_command
 from .initializers import run_initializer
+from .sweep import run_select_best
 from .train_job import normalize_values, run_train_job
 
 __all__ = [
@@ -54,6 +56,8 @@ __all__ = [
     "run_evaluate",
     "run_initializer",
     "run_lm_eval",
+    "run_classifier_evaluation",
+    "run_select_best",
     "run_train_job",
     "shared_dir",
     "stage",
