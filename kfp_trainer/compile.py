@@ -3,7 +3,8 @@
     kfp-trainer compile                 # write components/<name>/{component.yaml,README.md}, components/README.md,
                                         # pipelines/*/pipeline.yaml
     kfp-trainer compile --check         # exit 1 listing stale or missing files; write nothing
-    kfp-trainer compile --base-image IMG --trainer-image IMG2
+    kfp-trainer compile --base-image IMG --trainer-image IMG2   # images you built (make images REGISTRY=...)
+    kfp-trainer compile --storage-class nfs-client              # the pipelines' workspace PVC storage class
 
 Output is deterministic: the same sources give byte-identical files.
 """
@@ -52,6 +53,33 @@ def _swap(text: str, swaps: dict[str, str]) -> str:
 
 
 _MODULES: dict[Path, ModuleType] = {}
+
+
+def set_storage_class(text: str, storage_class: str) -> str:
+    """Compiled pipeline YAML with ``storageClassName`` set in its workspace PVC spec patch.
+
+    KFP backends 2.15 and 2.16 refuse a workspace without a storage class unless their
+    admin configured a default one; 2.17 uses the cluster's default class. The text is
+    re-dumped the way the KFP compiler writes it (header comments kept, keys sorted).
+
+    Raises:
+        ValueError: An empty class name (the backend refuses ``storageClassName: ""``).
+    """
+    import yaml
+
+    if not storage_class.strip():
+        raise ValueError("--storage-class '': the KFP backend refuses an empty storageClassName")
+    lines = text.splitlines(keepends=True)
+    header = "".join(line for line in lines[: next((i for i, line in enumerate(lines) if not line.startswith("#")), 0)])
+    docs = list(yaml.safe_load_all(text))
+    changed = False
+    for doc in docs[1:]:
+        workspace = (((doc or {}).get("platforms") or {}).get("kubernetes") or {}).get("pipelineConfig", {}).get("workspace")
+        if workspace:
+            patch = workspace.setdefault("kubernetes", {}).setdefault("pvcSpecPatch", {})
+            patch["storageClassName"] = storage_class
+            changed = True
+    return header + yaml.dump_all(docs, sort_keys=True) if changed else text
 
 
 def _pipeline_modules(root: Path = REPO) -> dict[Path, ModuleType]:
@@ -147,8 +175,10 @@ def components_index(names: list[str], comps: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate(root: Path = REPO, *, base_image: str | None = None, trainer_image: str | None = None) -> dict[Path, str]:
-    """Every generated file's path and content, with the given images."""
+def generate(
+    root: Path = REPO, *, base_image: str | None = None, trainer_image: str | None = None, storage_class: str | None = None
+) -> dict[Path, str]:
+    """Every generated file's path and content, with the given images and workspace storage class."""
     from . import components as comps
 
     files: dict[Path, str] = {}
@@ -157,7 +187,8 @@ def generate(root: Path = REPO, *, base_image: str | None = None, trainer_image:
         files[root / "components" / name / "README.md"] = component_readme(name, component)
     files[root / "components" / "README.md"] = components_index(list(comps.COMPONENTS), comps.COMPONENTS)
     for folder, module in _pipeline_modules(root).items():
-        files[folder / "pipeline.yaml"] = _compile_to_text(module.pipeline)
+        text = _compile_to_text(module.pipeline)
+        files[folder / "pipeline.yaml"] = set_storage_class(text, storage_class) if storage_class else text
     swaps = image_swaps(base_image, trainer_image)
     return {path: _swap(text, swaps) for path, text in files.items()}
 
@@ -177,9 +208,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check that the generated files are up to date")
     parser.add_argument("--base-image", help="image of the launcher components (default: the published one)")
     parser.add_argument("--trainer-image", help="image of the steps that load models (default: the published one)")
+    parser.add_argument(
+        "--storage-class", help="storage class of the pipelines' workspace PVC (needed by KFP 2.15/2.16 without an admin default)"
+    )
     parser.add_argument("--root", type=Path, default=REPO, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
-    files = generate(ns.root, base_image=ns.base_image, trainer_image=ns.trainer_image)
+    try:
+        files = generate(ns.root, base_image=ns.base_image, trainer_image=ns.trainer_image, storage_class=ns.storage_class)
+    except ValueError as e:
+        parser.error(str(e))
     if ns.check:
         bad = stale(files)
         for path in bad:

@@ -25,11 +25,11 @@ from kfp_trainer.components import BASE_IMAGE, TRAINER_IMAGE, train_job, workspa
 PIPELINE_NAME = "hparam-sweep"
 PARALLELISM = 2  # TrainJobs of the sweep running at once (a compile-time setting of dsl.ParallelFor)
 PARAMS: dict[str, Any] = {
-    "grid": [
-        {"learning_rate": 0.02, "hidden": 16},
-        {"learning_rate": 0.1, "hidden": 16},
-        {"learning_rate": 0.02, "hidden": 64},
-        {"learning_rate": 0.1, "hidden": 64},
+    "grid": [  # keys in sorted order: the compiled YAML's header lists them so
+        {"hidden": 16, "learning_rate": 0.02},
+        {"hidden": 16, "learning_rate": 0.1},
+        {"hidden": 64, "learning_rate": 0.02},
+        {"hidden": 64, "learning_rate": 0.1},
     ],
     "metric": "val_accuracy",
     "epochs": 15,
