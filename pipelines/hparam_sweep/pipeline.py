@@ -25,11 +25,12 @@ from kfp_trainer.components import BASE_IMAGE, TRAINER_IMAGE, train_job, workspa
 PIPELINE_NAME = "hparam-sweep"
 PARALLELISM = 2  # TrainJobs of the sweep running at once (a compile-time setting of dsl.ParallelFor)
 PARAMS: dict[str, Any] = {
-    "grid": [  # keys in sorted order: the compiled YAML's header lists them so
-        {"hidden": 16, "learning_rate": 0.02},
-        {"hidden": 16, "learning_rate": 0.1},
-        {"hidden": 64, "learning_rate": 0.02},
-        {"hidden": 64, "learning_rate": 0.1},
+    # One point per item, as the trainer's --hyperparameters option takes it: name=value,...
+    "grid": [
+        "learning_rate=0.02,hidden=16",
+        "learning_rate=0.1,hidden=16",
+        "learning_rate=0.02,hidden=64",
+        "learning_rate=0.1,hidden=64",
     ],
     "metric": "val_accuracy",
     "epochs": 15,
@@ -42,7 +43,7 @@ PARAMS: dict[str, Any] = {
 # Resources of each trainer node (cluster only). Constants: kfp.local (2.17) cannot resolve
 # pipeline parameters in the resources of a task inside a ParallelFor.
 CPU_PER_NODE, MEMORY_PER_NODE = "2", "4Gi"
-TASK_LABELS = {"prepare-digits": "data", "format-point": "grid point", "train-job": "TrainJob (one per point)", "select-best": "best point"}
+TASK_LABELS = {"prepare-digits": "data", "train-job": "TrainJob (one per point)", "select-best": "best point"}
 
 
 @dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
@@ -59,16 +60,6 @@ def prepare_digits(dataset: Output[Dataset], seed: int = 0):
 
     meta = digits.prepare(dataset.path, seed=seed)
     dataset.metadata.update({k: v for k, v in meta.items() if k != "classes"})
-
-
-@dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
-def format_point(point: dict) -> str:
-    """Writes a grid point as the trainer's --hyperparameters option: name=value,...
-
-    Args:
-        point: Hyper-parameter names and values, e.g. {"learning_rate": 0.1, "hidden": 64}.
-    """
-    return ",".join(f"{name}={point[name]}" for name in sorted(point))
 
 
 @dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
@@ -140,15 +131,13 @@ def pipeline(
     """Sweep: prepare data -> ParallelFor(grid): TrainJob -> select the best -> evaluate it."""
     data = prepare_digits(seed=seed).set_display_name("prepare data")
     with dsl.ParallelFor(items=grid, parallelism=PARALLELISM, name="grid") as point:
-        # A step of its own: kfp.local (2.17) cannot put a loop item, its fields or JSON text into a list input.
-        hyperparameters = format_point(point=point).set_display_name("grid point")
         train = train_job(
             runtime=runtime,
             image=trainer_image,
             command=["torchrun", "-m", "kfp_trainer.trainers.digits", "train"],
             args=[
                 "--dataset-dir", "{dataset}", "--output-dir", "{output_model}", "--epochs", epochs, "--seed", seed,
-                "--hyperparameters", hyperparameters.output,  # the grid point: its keys override the options before it
+                "--hyperparameters", point,  # the grid point: its values override the options before it
             ],
             num_nodes=num_nodes,
             num_proc_per_node="1",
