@@ -154,8 +154,13 @@ def component_readme(name: str, component: Any) -> str:
         for p in passthroughs:
             lines.append(f"- `{p.field.name}`" + (" (also applied to this step's pod)" if p.apply_to_task else ""))
         lines += [
-            "", "Load the YAML with `kfp_trainer.components.load_component_from_file`: KFP 2.17's own loader drops",
-            "the passthroughs, and the task's settings would then apply to this launcher step instead.",
+            "", "Needs KFP 2.15 or later on the cluster. Load the YAML with `kfp_trainer.components.load_component_from_file`",
+            "or `load_component_from_url`: KFP 2.17's own loader drops the passthroughs (the task's settings would then",
+            "apply to this launcher step instead of the TrainJob), and its tasks would not get the run id, task name,",
+            "task id and workspace path that kfp-trainer's loader fills in on every task (a KFP backend does not",
+            "resolve them as component defaults). With KFP's loader, pass them yourself:",
+            "`run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,",
+            "task_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER, workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER`.",
         ]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -169,7 +174,8 @@ def components_index(names: list[str], comps: dict[str, Any]) -> str:
     lines += [
         "",
         "Load one in a pipeline with `kfp_trainer.components.load_component_from_file(\"components/<name>/component.yaml\")`",
-        "(it keeps `train_job`'s TaskConfig passthroughs, which KFP 2.17's loader drops), or import it from",
+        "or `load_component_from_url` (they keep `train_job`'s TaskConfig passthroughs, which KFP 2.17's loader drops, and",
+        "fill in its run context on each task), or import it from",
         "`kfp_trainer.components`. `trainjob_component(func)` turns a Python training function into such a component.",
     ]
     return "\n".join(lines) + "\n"
