@@ -87,7 +87,7 @@ def image_run_steps(path: Path) -> list[str]:
 def test_component_image_recipe_installs_the_wheel_in_a_clean_virtualenv_without_torch(tmp_path):
     wheels, venv = tmp_path / "wheels", tmp_path / "venv"
     _, ((_, *build), (_, *image)) = stages(REPO / "deploy" / "Dockerfile.component")
-    extras = next(c.value[0] for c in image if c.cmd.upper() == "ARG" and c.value[0].startswith("EXTRAS=")).split("=", 1)[1]
+    extras = next(c.value[0] for c in image if c.cmd.upper() == "ARG" and c.value[0].startswith("EXTRAS=")).split("=", 1)[1].strip('"')
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     # stage 1, as written (pip wheel ... --wheel-dir /wheels .), into a scratch folder
     wheel_step = next(c.value[0] for c in build if c.cmd.upper() == "RUN").replace("/wheels", str(wheels))
@@ -99,7 +99,8 @@ def test_component_image_recipe_installs_the_wheel_in_a_clean_virtualenv_without
     for step in image_run_steps(REPO / "deploy" / "Dockerfile.component"):
         if step.startswith(("useradd", "rm -rf")):
             continue  # changes this machine's users / the scratch folder: the image's business
-        command = step.replace("/wheels/kfp_trainer-*.whl", str(wheel)).replace("${EXTRAS}", extras)
+        # --no-cache-dir keeps the image small; here the machine's pip cache may serve the same files
+        command = step.replace("/wheels/kfp_trainer-*.whl", str(wheel)).replace("${EXTRAS}", extras).replace(" --no-cache-dir", "")
         done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
         ran.append(command.split()[0])
