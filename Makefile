@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test unit lint compile cluster-build cluster-up cluster-down clean
+.PHONY: setup demo test unit lint lint-workflows compile images browser cluster-build cluster-up cluster-down clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +17,42 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/kfp-trainer run pipelines/llm_finetune --local
 
-lint: setup
+lint: setup lint-workflows
 	$(PY) -m ruff check .
 	$(VENV)/bin/kfp-trainer compile --check
+
+# actionlint for .github/workflows, built from the Go module proxy once and cached outside the repo.
+ACTIONLINT_VERSION := v1.7.12
+ACTIONLINT := $(HOME)/.cache/kfp-trainer/tools/actionlint-$(ACTIONLINT_VERSION)/actionlint
+$(ACTIONLINT):
+	GOBIN=$(dir $@) go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+
+lint-workflows: $(ACTIONLINT)
+	$(ACTIONLINT) .github/workflows/*.yml
+
+# Both images under your registry: make images REGISTRY=ghcr.io/me [VERSION=x.y.z] [PUSH=1] [CONTAINER_TOOL=podman]
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+CONTAINER_TOOL ?= $(firstword $(foreach t,docker podman buildah,$(if $(shell command -v $(t) 2>/dev/null),$(t))))
+ifneq ($(filter images,$(MAKECMDGOALS)),)
+ifeq ($(strip $(REGISTRY)),)
+$(error make images needs REGISTRY=<registry>/<namespace>, e.g. make images REGISTRY=ghcr.io/me)
+endif
+ifeq ($(strip $(CONTAINER_TOOL)),)
+$(error make images needs docker, podman or buildah (none found); or set CONTAINER_TOOL)
+endif
+endif
+images:
+	$(CONTAINER_TOOL) build -f deploy/Dockerfile.component -t $(REGISTRY)/kfp-trainer:$(VERSION) .
+	$(CONTAINER_TOOL) build -f deploy/Dockerfile.trainer -t $(REGISTRY)/kfp-trainer-trainer:$(VERSION) .
+ifeq ($(PUSH),1)
+	$(CONTAINER_TOOL) push $(REGISTRY)/kfp-trainer:$(VERSION)
+	$(CONTAINER_TOOL) push $(REGISTRY)/kfp-trainer-trainer:$(VERSION)
+endif
+	@echo "compile against them: kfp-trainer compile --base-image $(REGISTRY)/kfp-trainer:$(VERSION) --trainer-image $(REGISTRY)/kfp-trainer-trainer:$(VERSION)"
+
+# Headless Chromium, which the local pipeline tests open the HTML reports in (Debian/Ubuntu, as root).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 # Regenerates components/*/component.yaml + README.md and pipelines/*/pipeline.yaml.
 compile: setup

@@ -153,8 +153,11 @@ def task_outputs(root: Any) -> list[tuple[str, dict[str, Any]]]:
     """``(task, executor output)`` of each task of a kfp.local run under ``root``, in finishing order."""
     from pathlib import Path
 
-    paths = sorted(Path(root).glob("*/*/executor_output.json"), key=lambda p: p.stat().st_mtime)
-    return [(path.parent.name, json.loads(path.read_text())) for path in paths]
+    runs = [p for p in Path(root).iterdir() if p.is_dir()] if Path(root).is_dir() else []
+    paths = sorted((p for run in runs for p in run.rglob("executor_output.json")), key=lambda p: p.stat().st_mtime)
+    # a task inside a ParallelFor is named by its iteration too: for-loop-1-iteration-0/train-job
+    return [(path.parent.relative_to(run).as_posix(), json.loads(path.read_text())) for run in runs for path in paths
+            if run in path.parents]
 
 
 def summarize_outputs(outputs: list[tuple[str, dict[str, Any]]], labels: dict[str, str] | None = None) -> str:
@@ -168,7 +171,8 @@ def summarize_outputs(outputs: list[tuple[str, dict[str, Any]]], labels: dict[st
     labels = labels or {}
     lines = []
     for task, data in outputs:
-        shown = f"{task} ({labels[task]})" if task in labels else task
+        label = labels.get(task) or labels.get(task.rsplit("/", 1)[-1])
+        shown = f"{task} ({label})" if label else task
         for name, value in (data.get("parameterValues") or {}).items():
             lines.append(f"  {shown:<40} {name} = {value}")
         for name, group in (data.get("artifacts") or {}).items():

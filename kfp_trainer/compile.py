@@ -3,7 +3,8 @@
     kfp-trainer compile                 # write components/<name>/{component.yaml,README.md}, components/README.md,
                                         # pipelines/*/pipeline.yaml
     kfp-trainer compile --check         # exit 1 listing stale or missing files; write nothing
-    kfp-trainer compile --base-image IMG --trainer-image IMG2
+    kfp-trainer compile --base-image IMG --trainer-image IMG2   # images you built (make images REGISTRY=...)
+    kfp-trainer compile --storage-class nfs-client              # the pipelines' workspace PVC storage class
 
 Output is deterministic: the same sources give byte-identical files.
 """
@@ -52,6 +53,33 @@ def _swap(text: str, swaps: dict[str, str]) -> str:
 
 
 _MODULES: dict[Path, ModuleType] = {}
+
+
+def set_storage_class(text: str, storage_class: str) -> str:
+    """Compiled pipeline YAML with ``storageClassName`` set in its workspace PVC spec patch.
+
+    KFP backends 2.15 and 2.16 refuse a workspace without a storage class unless their
+    admin configured a default one; 2.17 uses the cluster's default class. The text is
+    re-dumped the way the KFP compiler writes it (header comments kept, keys sorted).
+
+    Raises:
+        ValueError: An empty class name (the backend refuses ``storageClassName: ""``).
+    """
+    import yaml
+
+    if not storage_class.strip():
+        raise ValueError("--storage-class '': the KFP backend refuses an empty storageClassName")
+    lines = text.splitlines(keepends=True)
+    header = "".join(line for line in lines[: next((i for i, line in enumerate(lines) if not line.startswith("#")), 0)])
+    docs = list(yaml.safe_load_all(text))
+    changed = False
+    for doc in docs[1:]:
+        workspace = (((doc or {}).get("platforms") or {}).get("kubernetes") or {}).get("pipelineConfig", {}).get("workspace")
+        if workspace:
+            patch = workspace.setdefault("kubernetes", {}).setdefault("pvcSpecPatch", {})
+            patch["storageClassName"] = storage_class
+            changed = True
+    return header + yaml.dump_all(docs, sort_keys=True) if changed else text
 
 
 def _pipeline_modules(root: Path = REPO) -> dict[Path, ModuleType]:
@@ -126,8 +154,13 @@ def component_readme(name: str, component: Any) -> str:
         for p in passthroughs:
             lines.append(f"- `{p.field.name}`" + (" (also applied to this step's pod)" if p.apply_to_task else ""))
         lines += [
-            "", "Load the YAML with `kfp_trainer.components.load_component_from_file`: KFP 2.17's own loader drops",
-            "the passthroughs, and the task's settings would then apply to this launcher step instead.",
+            "", "Needs KFP 2.15 or later on the cluster. Load the YAML with `kfp_trainer.components.load_component_from_file`",
+            "or `load_component_from_url`: KFP 2.17's own loader drops the passthroughs (the task's settings would then",
+            "apply to this launcher step instead of the TrainJob), and its tasks would not get the run id, task name,",
+            "task id and workspace path that kfp-trainer's loader fills in on every task (a KFP backend does not",
+            "resolve them as component defaults). With KFP's loader, pass them yourself:",
+            "`run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,",
+            "task_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER, workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER`.",
         ]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -141,14 +174,17 @@ def components_index(names: list[str], comps: dict[str, Any]) -> str:
     lines += [
         "",
         "Load one in a pipeline with `kfp_trainer.components.load_component_from_file(\"components/<name>/component.yaml\")`",
-        "(it keeps `train_job`'s TaskConfig passthroughs, which KFP 2.17's loader drops), or import it from",
+        "or `load_component_from_url` (they keep `train_job`'s TaskConfig passthroughs, which KFP 2.17's loader drops, and",
+        "fill in its run context on each task), or import it from",
         "`kfp_trainer.components`. `trainjob_component(func)` turns a Python training function into such a component.",
     ]
     return "\n".join(lines) + "\n"
 
 
-def generate(root: Path = REPO, *, base_image: str | None = None, trainer_image: str | None = None) -> dict[Path, str]:
-    """Every generated file's path and content, with the given images."""
+def generate(
+    root: Path = REPO, *, base_image: str | None = None, trainer_image: str | None = None, storage_class: str | None = None
+) -> dict[Path, str]:
+    """Every generated file's path and content, with the given images and workspace storage class."""
     from . import components as comps
 
     files: dict[Path, str] = {}
@@ -157,7 +193,8 @@ def generate(root: Path = REPO, *, base_image: str | None = None, trainer_image:
         files[root / "components" / name / "README.md"] = component_readme(name, component)
     files[root / "components" / "README.md"] = components_index(list(comps.COMPONENTS), comps.COMPONENTS)
     for folder, module in _pipeline_modules(root).items():
-        files[folder / "pipeline.yaml"] = _compile_to_text(module.pipeline)
+        text = _compile_to_text(module.pipeline)
+        files[folder / "pipeline.yaml"] = set_storage_class(text, storage_class) if storage_class else text
     swaps = image_swaps(base_image, trainer_image)
     return {path: _swap(text, swaps) for path, text in files.items()}
 
@@ -177,9 +214,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check that the generated files are up to date")
     parser.add_argument("--base-image", help="image of the launcher components (default: the published one)")
     parser.add_argument("--trainer-image", help="image of the steps that load models (default: the published one)")
+    parser.add_argument(
+        "--storage-class", help="storage class of the pipelines' workspace PVC (needed by KFP 2.15/2.16 without an admin default)"
+    )
     parser.add_argument("--root", type=Path, default=REPO, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
-    files = generate(ns.root, base_image=ns.base_image, trainer_image=ns.trainer_image)
+    try:
+        files = generate(ns.root, base_image=ns.base_image, trainer_image=ns.trainer_image, storage_class=ns.storage_class)
+    except ValueError as e:
+        parser.error(str(e))
     if ns.check:
         bad = stale(files)
         for path in bad:

@@ -3,16 +3,19 @@
     from kfp_trainer.components import dataset_initializer, model_initializer, train_job, evaluate_model
 
 Each module here imports only the standard library and ``kfp`` at its top level; what a
-component does at run time lives in :mod:`kfp_trainer.steps`. Compiled YAML of every
+component does at run time lives in :mod:`kfp_trainer.steps`. ``workspace_config`` makes a
+pipeline workspace the KFP backend accepts. Compiled YAML of every
 component is in ``components/<name>/component.yaml`` (``kfp-trainer compile``).
 """
 
 from ._image import BASE_IMAGE, DEFAULT_IMAGE, DEFAULT_TRAINER_IMAGE, TRAINER_IMAGE
+from .context import with_run_context
 from .evaluate import evaluate_model
 from .function import trainjob_component
 from .initializers import dataset_initializer, model_initializer
 from .loading import load_component_from_file, load_component_from_url
 from .train_job import TASK_CONFIG_PASSTHROUGHS, train_job
+from .workspace import workspace_config
 
 # name -> component, in the order the generated files list them
 COMPONENTS = {
@@ -36,4 +39,6 @@ __all__ = [
     "model_initializer",
     "train_job",
     "trainjob_component",
+    "with_run_context",
+    "workspace_config",
 ]

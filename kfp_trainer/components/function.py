@@ -36,13 +36,14 @@ from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output, OutputPath
 
 from ._image import BASE_IMAGE, TRAINER_IMAGE
+from .context import with_run_context
 from .train_job import TASK_CONFIG_PASSTHROUGHS
 
 SPECIAL = {"dataset_dir": "{dataset}", "model_dir": "{model}", "output_dir": "{output_model}"}
 _TYPES = {str: "str", int: "int", float: "float", bool: "bool", dict: "dict", list: "list"}
 _RESERVED = {
     "output_model", "metrics", "report", "trainjob", "dataset", "model", "num_nodes", "runtime", "image", "backend",
-    "workspace_path", "run_id", "task_name", "start_timeout", "run_timeout", "task_config", "env", "num_proc_per_node",
+    "workspace_path", "run_id", "task_name", "task_id", "start_timeout", "run_timeout", "task_config", "env", "num_proc_per_node",
     "resources_per_node", "namespace", "logs",
 }
 _counter = itertools.count()
@@ -159,6 +160,7 @@ def {name}(
     workspace_path: str = "",
     run_id: str = dsl.PIPELINE_JOB_ID_PLACEHOLDER,
     task_name: str = dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+    task_id: str = dsl.PIPELINE_TASK_ID_PLACEHOLDER,
     start_timeout: float = 3600.0,
     run_timeout: float = 0.0,
     task_config: dsl.TaskConfig = None,
@@ -170,7 +172,7 @@ def {name}(
     arguments = {{{args_dict}}}
     arguments.update({{{special_dict}}})
     inputs = {{
-        "runtime": runtime, "image": image, "num_nodes": num_nodes, "run_id": run_id, "task_name": task_name,
+        "runtime": runtime, "image": image, "num_nodes": num_nodes, "run_id": run_id, "task_name": task_name, "task_id": task_id,
         "command": steps.function_command(source, {name!r}, arguments, torchrun={use_torchrun!r}),
         "num_proc_per_node": {num_proc_per_node!r}, "resources_per_node": {resources_per_node!r}, "env": {env!r},
     }}
@@ -191,6 +193,6 @@ def {name}(
     }
     exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - code generated above from a signature
     wrapper = namespace[name]
-    return dsl.component(
+    return with_run_context(dsl.component(
         wrapper, base_image=base_image or BASE_IMAGE, install_kfp_package=False, task_config_passthroughs=TASK_CONFIG_PASSTHROUGHS
-    )
+    ))

@@ -1,9 +1,12 @@
-"""Load a compiled component YAML without losing its TaskConfig passthroughs.
+"""Load a compiled component YAML without losing its TaskConfig passthroughs or run context.
 
-``kfp.components.load_component_from_file`` (KFP 2.17) drops the component's
+``kfp.components.load_component_from_file/url`` (KFP 2.17) drops the component's
 ``taskConfigPassthroughs`` when it reads the YAML back, so a pipeline built from the
-loaded ``train_job`` would apply the task's resources to the launcher pod instead of
-passing them to the TrainJob. :func:`load_component_from_file` restores them.
+loaded ``train_job`` would apply the task's resources, tolerations, node selector and
+affinity to the launcher pod instead of the TrainJob, and hand the TrainJob no volumes or
+env. Its tasks would also not get the run id, task name and workspace placeholders
+(:mod:`.context`). :func:`load_component_from_file` and :func:`load_component_from_url`
+restore both.
 
 Example:
     >>> train_job = load_component_from_file("components/train_job/component.yaml")  # doctest: +SKIP
@@ -14,9 +17,11 @@ from typing import Any
 import yaml
 from kfp import components, dsl
 
+from .context import CONTEXT_INPUTS, WORKSPACE_INPUT, with_run_context
+
 
 def restore_passthroughs(component: Any, text: str) -> Any:
-    """Set the passthroughs listed in the component YAML ``text`` on the loaded ``component``."""
+    """Set the passthroughs listed in the component YAML ``text`` on the loaded ``component``, and its run context."""
     doc = next(iter(yaml.safe_load_all(text)))
     entries = None
     for spec in (doc.get("components") or {}).values():
@@ -28,6 +33,9 @@ def restore_passthroughs(component: Any, text: str) -> Any:
             dsl.TaskConfigPassthrough(field=dsl.TaskConfigField[e["field"]], apply_to_task=bool(e.get("applyToTask")))
             for e in entries
         ]
+    inputs = component.component_spec.inputs or {}
+    if any(name in inputs for name in (*CONTEXT_INPUTS, WORKSPACE_INPUT)):
+        with_run_context(component)
     return component
 
 

@@ -2,7 +2,7 @@
 """The ``train_job`` component: run one Kubeflow Trainer TrainJob as a pipeline step.
 
 Only the standard library and ``kfp`` are imported here; the work is done by
-:func:`kfp_trainer.steps.run_train_job` inside the component's container.
+:func:`kfp_trainer.steps.train_job.run_train_job` inside the component's container.
 """
 
 from typing import Optional
@@ -11,6 +11,7 @@ from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output, OutputPath
 
 from ._image import BASE_IMAGE
+from .context import with_run_context
 
 TASK_CONFIG_PASSTHROUGHS = [
     dsl.TaskConfigField.RESOURCES,
@@ -50,6 +51,7 @@ def train_job(
     namespace: Optional[str] = None,
     run_id: str = dsl.PIPELINE_JOB_ID_PLACEHOLDER,
     task_name: str = dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+    task_id: str = dsl.PIPELINE_TASK_ID_PLACEHOLDER,
     pipeline_name: str = dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
     labels: Optional[dict] = None,
     annotations: Optional[dict] = None,
@@ -84,9 +86,13 @@ def train_job(
     volumes set on this task go to the TrainJob's trainer nodes. Command, args and env
     values may use ``{dataset}``, ``{model}`` (the input artifacts) and ``{output_model}``
     (where the trainer must save the model). On a cluster these live on a volume shared
-    with the TrainJob: pass ``workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER`` with a
-    pipeline workspace, or mount a PVC on the task. Disable caching on this task
-    (``set_caching_options(False)``): its inputs rarely change between runs.
+    with the TrainJob: the pipeline's workspace (dsl.PipelineConfig(workspace=...); each
+    task then gets workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER by itself), or a PVC
+    mounted on the task. The run id, task name and task id are filled in the same way.
+    Disable caching on this task (``set_caching_options(False)``): its inputs rarely
+    change between runs. Needs KFP 2.15+; load the YAML with
+    kfp_trainer.components.load_component_from_file/url, which keeps the TaskConfig
+    passthroughs and the run context that kfp.components' own loader loses.
 
     Args:
         runtime: Name of the ClusterTrainingRuntime or TrainingRuntime to use.
@@ -109,8 +115,9 @@ def train_job(
         name: Explicit TrainJob name; derived from the run, task and inputs when unset.
         name_prefix: Prefix of the derived name.
         namespace: Namespace of the TrainJob; the pipeline's namespace when unset.
-        run_id: KFP run id, for a stable name and lineage labels.
-        task_name: KFP task name, for a stable name and lineage labels.
+        run_id: KFP run id, for a stable name and lineage labels (filled in on each task).
+        task_name: KFP task name, for a stable name and lineage labels (filled in on each task).
+        task_id: KFP task execution scope (filled in on each task): tells identical ParallelFor iterations apart.
         pipeline_name: KFP pipeline run name, for lineage labels.
         labels: Labels of the TrainJob and its JobSet.
         annotations: Annotations of the TrainJob's JobSet.
@@ -129,7 +136,7 @@ def train_job(
         queue_name: Kueue LocalQueue to submit to.
         patch: Raw merge patch applied to the rendered TrainJob (expert use).
         backend: Where to run: auto (the cluster; local under kfp-trainer run --local), kubernetes or local.
-        workspace_path: The pipeline workspace (dsl.WORKSPACE_PATH_PLACEHOLDER) that carries artifacts to and from the TrainJob.
+        workspace_path: The pipeline workspace that carries artifacts to and from the TrainJob (filled in when the pipeline has one).
         start_timeout: Seconds the job may take to start (scheduling, image pulls); 0 means no limit.
         run_timeout: Seconds the trainer may run once started; 0 means no limit.
         logs: Trainer node whose log is streamed (0, 1, ...), all, or none.
@@ -149,7 +156,7 @@ def train_job(
         "env": env, "num_nodes": num_nodes or None, "num_proc_per_node": num_proc_per_node,
         "resources_per_node": resources_per_node, "dataset_uri": dataset_uri, "dataset_secret": dataset_secret,
         "dataset_env": dataset_env, "model_uri": model_uri, "model_secret": model_secret, "model_env": model_env,
-        "name": name, "name_prefix": name_prefix, "namespace": namespace, "run_id": run_id, "task_name": task_name,
+        "name": name, "name_prefix": name_prefix, "namespace": namespace, "run_id": run_id, "task_name": task_name, "task_id": task_id,
         "pipeline_name": pipeline_name, "labels": labels, "annotations": annotations, "pod_labels": pod_labels,
         "pod_annotations": pod_annotations, "volumes": volumes, "volume_mounts": volume_mounts,
         "node_selector": node_selector, "tolerations": tolerations, "affinity": affinity,
@@ -164,3 +171,6 @@ def train_job(
             metrics=metrics, report=report, trainjob_path=trainjob,
         )
     )
+
+
+train_job = with_run_context(train_job)

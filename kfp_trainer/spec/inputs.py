@@ -34,6 +34,7 @@ LABEL_RUN = LABEL_PREFIX + "run-id"
 LABEL_TASK = LABEL_PREFIX + "task"
 LABEL_PIPELINE = LABEL_PREFIX + "pipeline"
 LABEL_DIGEST = LABEL_PREFIX + "inputs-digest"
+LABEL_SCOPE = LABEL_PREFIX + "scope"  # the KFP execution scope: one per ParallelFor iteration
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 ANNOTATION_RUN = LABEL_PREFIX + "run-id"
 ANNOTATION_TASK = LABEL_PREFIX + "task"
@@ -103,6 +104,7 @@ class TrainJobInputs(BaseModel):
     run_id: Text = ""
     task_name: Text = ""
     pipeline_name: Text = ""
+    task_id: Text = ""  # the task's KFP execution scope (a loop iteration's DAG execution id)
     # runtime
     runtime: Text = "torch-distributed"
     runtime_kind: Text = "ClusterTrainingRuntime"

@@ -30,6 +30,7 @@ from .inputs import (
     LABEL_MANAGED_BY,
     LABEL_PIPELINE,
     LABEL_RUN,
+    LABEL_SCOPE,
     LABEL_TASK,
     MANAGER,
     QUEUE_LABEL,
@@ -69,6 +70,8 @@ def lineage_labels(inputs: TrainJobInputs) -> dict[str, str]:
         labels[LABEL_TASK] = naming.label_value(inputs.task_name)
     if inputs.pipeline_name:
         labels[LABEL_PIPELINE] = naming.label_value(inputs.pipeline_name)
+    if inputs.task_id:
+        labels[LABEL_SCOPE] = naming.label_value(inputs.task_id)
     return labels
 
 

@@ -165,7 +165,7 @@ def _check_identity(inputs: TrainJobInputs) -> list[ValidationError]:
     if inputs.runtime_kind not in ("ClusterTrainingRuntime", "TrainingRuntime"):
         e.append(ValidationError("runtime_kind", inputs.runtime_kind, "ClusterTrainingRuntime or TrainingRuntime"))
     e += rules.check_dns_name("namespace", inputs.namespace, "namespace", label=True)
-    for field in ("run_id", "task_name", "pipeline_name"):
+    for field in ("run_id", "task_name", "pipeline_name", "task_id"):
         e += rules.check_text(field, getattr(inputs, field), max_bytes=_MAX_IDENTITY)
     for check, value in ((lambda v: naming.check_name(v, naming.DNS_LABEL_MAX), inputs.name),
                          (lambda v: naming.trainjob_name(run_id="", task_name="", prefix=v), inputs.name_prefix)):  # fmt: skip

@@ -6,8 +6,9 @@ causal LM) on ``builtin://datasets/addition`` (two-digit sums) with ``torchrun``
 (one node by default; ``num_nodes=2`` trains across two), then promote the model only if exact match on held-out sums improved by
 ``min_improvement`` (``gate_metric``). Everything is generated offline, so the same pipeline runs
 
-* on a cluster with Kubeflow Trainer: upload ``pipeline.yaml`` (the TrainJob's pods and the
-  launcher share the pipeline workspace PVC to hand the model over);
+* on a cluster with Kubeflow Trainer and KFP 2.15+: upload ``pipeline.yaml`` (the TrainJob's
+  pods and the launcher share the pipeline workspace PVC, ReadWriteMany, to hand the model
+  over; Hugging Face and S3 credentials come from Kubernetes Secrets by reference);
 * on a laptop: :func:`run_local` (``kfp.local`` subprocesses plus the local TrainJob
   backend), in about two minutes on two CPU cores.
 
@@ -20,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kfp import dsl
+from kfp import dsl, kubernetes
 from kfp.dsl import Input, Markdown, Metrics, Model, Output
 
 from kfp_trainer.components import (
@@ -30,6 +31,7 @@ from kfp_trainer.components import (
     evaluate_model,
     model_initializer,
     train_job,
+    workspace_config,
 )
 from kfp_trainer.trainers import sft
 
@@ -48,20 +50,37 @@ PARAMS: dict[str, Any] = {
     "gate_metric": "exact_match",
     "min_improvement": 0.2,
     "backend": "auto",
+    # Cluster only (kfp.local ignores them): credentials by Secret name, resources of each trainer node.
+    "hf_secret": "hf-credentials",
+    "s3_secret": "s3-credentials",
+    "cpu_per_node": "4",
+    "memory_per_node": "16Gi",
+    "accelerator_type": "",
+    "accelerators_per_node": 1,
 }
+# Secret keys -> environment variables (kubectl create secret generic hf-credentials --from-literal=HF_TOKEN=...).
+HF_SECRET_KEYS = {"HF_TOKEN": "HF_TOKEN"}
+S3_SECRET_KEYS = {k: k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")}
 # What each task is, for the summary `kfp-trainer run` prints (kfp.local names tasks by component).
 TASK_LABELS = {
     "evaluate-model": "base model",
     "evaluate-model-2": "fine-tuned model",
     "train-job": "TrainJob",
+    "promote-model": "approved model",
 }
 # The figure `kfp-trainer run` ends with: held-out exact match before and after fine-tuning.
 COMPARE = {"metric": "exact_match", "before": "evaluate-model", "after": "evaluate-model-2"}
 
 
 @dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
-def promote_model(model: Input[Model], evaluation: Input[Metrics], baseline: Input[Metrics], card: Output[Markdown]):
-    """Writes the model card of a model that passed the evaluation gate.
+def promote_model(
+    model: Input[Model],
+    evaluation: Input[Metrics],
+    baseline: Input[Metrics],
+    approved_model: Output[Model],
+    card: Output[Markdown],
+):
+    """Hands on a model that passed the evaluation gate as the approved model, with its card.
 
     Args:
         model: The fine-tuned model.
@@ -69,22 +88,40 @@ def promote_model(model: Input[Model], evaluation: Input[Metrics], baseline: Inp
         baseline: The base model's evaluation.
 
     Returns:
-        card: Markdown model card.
+        approved_model: A copy of the model, with metadata approved=True and its evaluation.
+        card: Markdown model card: the evaluation next to the base model's, and the model's metadata.
     """
+    import shutil
+
+    shutil.copytree(model.path, approved_model.path, dirs_exist_ok=True)
+    approved_model.metadata.update(model.metadata)
+    approved_model.metadata.update({"approved": True, "source_model": model.uri})
+    approved_model.metadata.update({f"eval_{k}": v for k, v in evaluation.metadata.items() if isinstance(v, (int, float))})
     lines = [f"# Model {model.metadata.get('trainjob', '')}", "", "| metric | base model | fine-tuned |", "|---|---:|---:|"]
     for name in sorted(evaluation.metadata):
         lines.append(f"| {name} | {baseline.metadata.get(name, '')} | {evaluation.metadata[name]} |")
     lines += ["", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(model.metadata.items())]
-    lines += ["", f"Artifact: `{model.uri}`"]
+    lines += ["", f"Approved model: `{approved_model.uri}`"]
     with open(card.path, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def use_credentials(task: Any, hf_secret: Any, s3_secret: Any) -> Any:
+    """Hugging Face and S3 credentials from Kubernetes Secrets, by reference, as the task's env.
+
+    Optional: a missing Secret (or key) leaves the variable unset instead of blocking the pod.
+    On a ``train_job`` task the env also reaches the TrainJob's pods (ENV TaskConfig passthrough).
+    """
+    kubernetes.use_secret_as_env(task, secret_name=hf_secret, secret_key_to_env=HF_SECRET_KEYS, optional=True)
+    kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=S3_SECRET_KEYS, optional=True)
+    return task
 
 
 @dsl.pipeline(
     name=PIPELINE_NAME,
     description="Fine-tune a causal LM in a Kubeflow Trainer TrainJob and promote it if it beats the base model.",
-    pipeline_config=dsl.PipelineConfig(workspace=dsl.WorkspaceConfig(size="10Gi")),
+    pipeline_config=workspace_config("10Gi"),
 )
 def pipeline(
     dataset_uri: str = PARAMS["dataset_uri"],
@@ -99,10 +136,16 @@ def pipeline(
     gate_metric: str = PARAMS["gate_metric"],
     min_improvement: float = PARAMS["min_improvement"],
     backend: str = PARAMS["backend"],
+    hf_secret: str = PARAMS["hf_secret"],
+    s3_secret: str = PARAMS["s3_secret"],
+    cpu_per_node: str = PARAMS["cpu_per_node"],
+    memory_per_node: str = PARAMS["memory_per_node"],
+    accelerator_type: str = PARAMS["accelerator_type"],
+    accelerators_per_node: int = PARAMS["accelerators_per_node"],
 ):
-    """LLM fine-tune: dataset -> base model -> baseline eval -> TrainJob -> eval -> gate."""
-    data = dataset_initializer(uri=dataset_uri).set_display_name("dataset")
-    base = model_initializer(uri=model_uri).set_display_name("base model")
+    """LLM fine-tune: dataset -> base model -> baseline eval -> TrainJob -> eval -> gate -> approved model."""
+    data = use_credentials(dataset_initializer(uri=dataset_uri).set_display_name("dataset"), hf_secret, s3_secret)
+    base = use_credentials(model_initializer(uri=model_uri).set_display_name("base model"), hf_secret, s3_secret)
     base_eval = evaluate_model(
         model=base.outputs["model"], dataset=data.outputs["dataset"], max_examples=eval_examples
     ).set_display_name("evaluate base model")
@@ -118,14 +161,14 @@ def pipeline(
         num_proc_per_node="1",
         dataset=data.outputs["dataset"],
         model=base.outputs["model"],
-        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-        task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-        pipeline_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-        workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER,
         backend=backend,
     ).set_display_name("fine-tune (TrainJob)")
     train.set_caching_options(False)  # a launcher's inputs rarely change: a cache hit would skip training
     train.after(base_eval)  # the baseline first, so the two runs do not share the CPU locally
+    # Each trainer node's resources: they go to the TrainJob (RESOURCES passthrough), not to this launcher's pod.
+    train.set_cpu_limit(cpu_per_node).set_memory_limit(memory_per_node)
+    train.set_accelerator_type(accelerator_type).set_accelerator_limit(accelerators_per_node)  # no GPU while the type is ""
+    use_credentials(train, hf_secret, s3_secret)
     tuned_eval = evaluate_model(
         model=train.outputs["output_model"],
         dataset=data.outputs["dataset"],

@@ -4,7 +4,6 @@
 test makes a fresh one.
 """
 
-import importlib.util
 import json
 import os
 import tempfile
@@ -14,8 +13,6 @@ import pytest
 from kfp import dsl, local
 
 from kfp_trainer.components import dataset_initializer, trainjob_component
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -31,41 +28,10 @@ def kfp_local(tmp_path, monkeypatch):
     return root
 
 
-def load_pipeline_module():
-    spec = importlib.util.spec_from_file_location("llm_finetune_pipeline", REPO / "pipelines" / "llm_finetune" / "pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def only(root: Path, pattern: str) -> Path:
     found = sorted(root.glob(pattern))
     assert len(found) == 1, (pattern, found)
     return found[0]
-
-
-@pytest.mark.slow
-def test_llm_finetune_pipeline_trains_for_real_and_the_gate_branch_runs(tmp_path):
-    module = load_pipeline_module()
-    result = module.run_local(
-        {"num_nodes": 2, "max_steps": 120, "time_budget_seconds": 40, "eval_examples": 100, "gate_metric": "loss", "min_improvement": 0.5},
-        workdir=str(tmp_path / "demo"),
-    )
-    root = Path(result["pipeline_root"])
-    model_dir = only(root, "*/train-job/output_model")
-    info = json.loads((model_dir / "training_info.json").read_text())
-    assert info["world_size"] == 2 and info["steps"] >= 1
-    assert (model_dir / "model.safetensors").is_file()
-    report = only(root, "*/train-job/report").read_text()
-    assert "<svg" in report and "Succeeded" in report and "node" in report
-    base = json.loads(only(root, "*/evaluate-model/executor_output.json").read_text())
-    tuned = json.loads(only(root, "*/evaluate-model-2/executor_output.json").read_text())
-    base_loss = base["artifacts"]["metrics"]["artifacts"][0]["metadata"]["loss"]
-    tuned_loss = tuned["artifacts"]["metrics"]["artifacts"][0]["metadata"]["loss"]
-    assert tuned_loss < base_loss - 0.5  # it really learned
-    assert tuned["parameterValues"]["Output"] is True
-    card = only(root, "*/promote-model/card").read_text()  # the dsl.If branch really ran
-    assert "loss" in card and "full" in card
 
 
 @pytest.mark.slow

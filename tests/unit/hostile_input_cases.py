@@ -23,6 +23,7 @@ INPUT_CASES: list[Case] = [
     Case("run-id-too-long", {"run_id": "r" * 2000}, "run_id"),
     Case("task-name-bell", {"task_name": "train\x07"}, "task_name"),
     Case("pipeline-name-nul", {"pipeline_name": "p\x00"}, "pipeline_name"),
+    Case("task-id-nul", {"task_id": "t\x00"}, "task_id"),
     Case(
         "run-id-free-text-is-sanitised",
         {"run_id": "Run #1 (retry)", "task_name": "Train Job"},

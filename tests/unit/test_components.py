@@ -48,10 +48,13 @@ def test_component_modules_import_only_stdlib_and_kfp_at_top_level():
     assert out == "[]"
 
 
-def test_every_component_runs_in_the_published_image_and_installs_nothing():
+def test_every_component_runs_in_the_projects_own_published_image_and_installs_nothing():
+    from kfp_trainer.components import _image
+
     for name, component in COMPONENTS.items():
         container = component.component_spec.implementation.container
-        assert container.image.startswith("ghcr.io/kubeflow/kfp-trainer"), name
+        assert container.image in (_image.DEFAULT_IMAGE, _image.DEFAULT_TRAINER_IMAGE), name
+        assert container.image.startswith("ghcr.io/kfp-trainer/") and container.image.endswith(":" + _image.VERSION), name
         assert "pip install" not in " ".join(container.command or []), name
 
 
@@ -445,3 +448,38 @@ def test_inputs_are_staged_once_so_a_retry_never_pulls_files_from_under_a_runnin
     (dst.with_name("dataset.staged")).unlink()  # an interrupted earlier copy is redone
     assert steps.stage(src, dst) is True and (dst / "train.jsonl").read_text() == "v2"
     assert sorted(p.name for p in dst.parent.iterdir()) == ["dataset", "dataset.staged"]
+
+
+def test_identical_loop_iterations_get_their_own_trainjob_and_a_retry_adopts_its_own(tmp_path, monkeypatch):
+    fake = FakeCluster()
+    monkeypatch.setattr("kfp_trainer.backends.select_backend", lambda kind="auto", **kw: fake)
+    workspace = tmp_path / "kfp-workspace"
+    workspace.mkdir()
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "train.jsonl").write_text("{}\n")
+    run = "0b6a3c1e-1111-4222-8333-444455556666"
+
+    def step(iteration: str, task_id: str) -> tuple[str, str]:
+        # on a backend the output URI holds the run, the task and a folder per execution
+        root = f"minio://mlpipeline/v2/artifacts/hparam-sweep/{run}/train-job/{iteration}"
+        out = artifact(dsl.Model, tmp_path / iteration / task_id / "out")
+        out.uri = f"{root}/output_model"
+        train_job.python_func(
+            output_model=out, metrics=artifact(dsl.Metrics, tmp_path / iteration / task_id / "m"),
+            report=artifact(dsl.HTML, tmp_path / iteration / task_id / "r"), trainjob=str(tmp_path / iteration / task_id / "t"),
+            command=["python", "train.py"], args=["--data", "{dataset}", "--out", "{output_model}", "--lr", "0.1"],
+            dataset=artifact(dsl.Dataset, tmp_path / "ds"), backend="kubernetes", workspace_path=str(workspace),
+            volumes=[{"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": "ws"}}],
+            volume_mounts=[{"name": "kfp-workspace", "mountPath": str(workspace)}],
+            run_id=run, task_name="train-job", task_id=task_id,
+        )
+        manifest = fake.manifests[-1]
+        return manifest["metadata"]["name"], manifest["spec"]["trainer"]["args"][3]
+
+    first, second = step("7d5a4c1e-0000-4000-8000-000000000001", "101"), step("7d5a4c1e-0000-4000-8000-000000000002", "102")
+    assert first[0] != second[0] and first[1] != second[1]  # own TrainJob, own output folder on the workspace
+    assert step("7d5a4c1e-0000-4000-8000-000000000001", "101")[0] == first[0]  # a retry of the first: same name (adopts)
+    # kfp.components' own loader leaves task_id unresolved: the output URI's execution folder tells them apart
+    unresolved = "{{$.pipeline_task_uuid}}"
+    a, b = step("7d5a4c1e-0000-4000-8000-00000000000a", unresolved), step("7d5a4c1e-0000-4000-8000-00000000000b", unresolved)
+    assert a[0] != b[0] and a[0] not in (first[0], second[0])

@@ -19,7 +19,13 @@ def generated() -> "dict[Path, str]":
 
 
 def test_checked_in_files_match_the_python_sources(generated):
-    assert gen.stale(generated) == [], "run: kfp-trainer compile"
+    import difflib
+
+    diffs = []
+    for p in gen.stale(generated):
+        old = p.read_text().splitlines(True) if p.is_file() else []
+        diffs.append("".join(difflib.unified_diff(old, generated[p].splitlines(True), str(p), "generated")))
+    assert not diffs, "run: kfp-trainer compile\n" + "\n".join(d[:3000] for d in diffs)
     assert gen.main(["--check"]) == 0
 
 

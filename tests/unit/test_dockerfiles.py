@@ -1,7 +1,18 @@
-"""The images' Dockerfiles, parsed with Docker's own parser (no engine here to build them)."""
+"""The images' recipes, checked as far as a machine without a container engine allows.
+
+Docker's own parser reads the Dockerfiles (stages, global build arguments, COPY sources,
+the non-root numeric user that KFP 2.16+'s ``runAsNonRoot`` needs); the slow test builds
+the wheel exactly as the recipe's first stage does, installs it into a clean virtualenv as
+the component image's last stage does, and runs the recipe's own checks there (no torch).
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,26 +22,91 @@ REPO = Path(__file__).resolve().parents[2]
 FILES = sorted((REPO / "deploy").glob("Dockerfile.*"))
 
 
+def stages(path: Path) -> tuple[dict[str, str], list[list]]:
+    """(global ARG defaults, the instructions of each stage)."""
+    commands = dockerfile.parse_file(str(path))
+    global_args, out = {}, []
+    for c in commands:
+        kind = c.cmd.upper()
+        if kind == "FROM":
+            out.append([c])
+        elif not out and kind == "ARG":
+            name, _, default = c.value[0].partition("=")
+            global_args[name] = default.strip('"')
+        elif out:
+            out[-1].append(c)
+        else:
+            raise AssertionError(f"{path.name}: {c.original} before the first FROM")
+    return global_args, out
+
+
 def test_there_are_the_component_and_trainer_images():
     assert [f.name for f in FILES] == ["Dockerfile.component", "Dockerfile.trainer"]
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
-def test_dockerfile_is_sound(path):
-    commands = dockerfile.parse_file(str(path))
-    kinds = [c.cmd.upper() for c in commands]
-    args = {c.value[0].split("=", 1)[0]: c.value[0].split("=", 1)[-1] for c in commands if c.cmd.upper() == "ARG"}
-    base = next(c.value[0] for c in commands if c.cmd.upper() == "FROM")
-    if base.startswith("${"):
-        base = args[base.strip("${}")]
-    assert ":" in base and not base.endswith(":latest"), f"{path.name}: pin the base image ({base})"
+def test_dockerfile_builds_a_wheel_then_a_pinned_non_root_image(path):
+    global_args, parts = stages(path)
+    assert len(parts) == 2, f"{path.name}: a wheel stage and an image stage"
+    build, image = parts
+    assert build[0].value[1:] == ("AS", "build")
+    for stage in parts:
+        base = stage[0].value[0]
+        if base.startswith("${"):
+            assert base.strip("${}") in global_args, f"{path.name}: FROM {base} needs a global ARG (before the first FROM)"
+            base = global_args[base.strip("${}")]
+        assert ":" in base and not base.endswith(":latest"), f"{path.name}: pin the base image ({base})"
+    kinds = [c.cmd.upper() for stage in parts for c in stage]
     assert "ADD" not in kinds, f"{path.name}: COPY, not ADD"
-    for c in commands:
-        if c.cmd.upper() == "COPY":
-            for source in c.value[:-1]:
-                assert (REPO / source).exists(), f"{path.name}: COPY source {source} is not in the repository"
-    users = [c.value[0] for c in commands if c.cmd.upper() == "USER"]
-    assert users and users[-1] not in ("root", "0"), f"{path.name}: the image must not run as root"
-    runs = " ".join(c.value[0] for c in commands if c.cmd.upper() == "RUN")
-    assert "pip install" in runs and "--no-cache-dir" in runs
+    for c in (c for stage in parts for c in stage if c.cmd.upper() == "COPY"):
+        if any(f.startswith("--from=") for f in c.flags):
+            assert c.flags == ("--from=build",) and c.value == ("/wheels", "/wheels")
+            continue
+        for source in c.value[:-1]:
+            assert (REPO / source).exists(), f"{path.name}: COPY source {source} is not in the repository"
+    assert "pip wheel" in " ".join(c.value[0] for c in build if c.cmd.upper() == "RUN")
+    runs = " ".join(c.value[0] for c in image if c.cmd.upper() == "RUN")
+    assert "/wheels/kfp_trainer-" in runs and "--no-cache-dir" in runs and "rm -rf /wheels" in runs
     assert "python -c" in runs and "kfp_trainer" in runs, f"{path.name}: the build should prove the package imports"
+    users = [c.value[0] for c in image if c.cmd.upper() == "USER"]
+    assert users and re.fullmatch(r"[1-9][0-9]*", users[-1]), f"{path.name}: USER must be a numeric non-root UID for runAsNonRoot"
+    assert f"--uid {users[-1]}" in runs, f"{path.name}: the user {users[-1]} is created in the image"
+
+
+def image_run_steps(path: Path) -> list[str]:
+    """The ``&&``-joined steps of the image stage's RUN instructions."""
+    _, (_, image) = stages(path)
+    steps: list[str] = []
+    for c in image:
+        if c.cmd.upper() == "RUN":
+            steps += [s.strip() for s in c.value[0].split("&&")]
+    return steps
+
+
+@pytest.mark.slow
+def test_component_image_recipe_installs_the_wheel_in_a_clean_virtualenv_without_torch(tmp_path):
+    wheels, venv = tmp_path / "wheels", tmp_path / "venv"
+    _, ((_, *build), (_, *image)) = stages(REPO / "deploy" / "Dockerfile.component")
+    extras = next(c.value[0] for c in image if c.cmd.upper() == "ARG" and c.value[0].startswith("EXTRAS=")).split("=", 1)[1].strip('"')
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    # stage 1, as written (pip wheel ... --wheel-dir /wheels .), into a scratch folder
+    wheel_step = next(c.value[0] for c in build if c.cmd.upper() == "RUN").replace("/wheels", str(wheels))
+    subprocess.run([sys.executable, "-m", *shlex.split(wheel_step)], cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
+    (wheel,) = wheels.glob("kfp_trainer-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
+    ran = []
+    for step in image_run_steps(REPO / "deploy" / "Dockerfile.component"):
+        if step.startswith(("useradd", "rm -rf")):
+            continue  # changes this machine's users / the scratch folder: the image's business
+        # --no-cache-dir keeps the image small; here the machine's pip cache may serve the same files
+        command = step.replace("/wheels/kfp_trainer-*.whl", str(wheel)).replace("${EXTRAS}", extras).replace(" --no-cache-dir", "")
+        done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        ran.append(command.split()[0])
+    assert ran == ["pip", "python", "python"]  # the install and both of the recipe's checks ran
+    installed = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=freeze"], capture_output=True, text=True, check=True).stdout
+    assert "kfp-trainer==" in installed and "torch==" not in installed and "kfp==2.17" in installed
+    cli = subprocess.run([str(venv / "bin" / "kfp-trainer"), "render", "--runtime", "torch-distributed", "--run-id", "r1",
+                          "--task-name", "t"], capture_output=True, text=True, env=env, timeout=120)
+    assert cli.returncode == 0 and "kind: TrainJob" in cli.stdout, cli.stderr

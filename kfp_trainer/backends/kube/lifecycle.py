@@ -5,9 +5,9 @@ Submitting finds the task's TrainJobs by their lineage labels (run id + task) fi
 * the one with this name (same inputs) is adopted -- or, when it failed, replaced; when it is
   already being deleted it is waited for, never adopted;
 * one with another name (other inputs: an earlier try of this task) is replaced: deleted and
-  waited for before the new one is created -- unless the launcher recorded on it still runs
-  (a sibling, e.g. another iteration of a ``ParallelFor``), which is left alone and named in
-  the log. Jobs of other runs or tasks are never touched.
+  waited for before the new one is created -- unless the launcher recorded on it still runs,
+  which is left alone and named in the log. Jobs of other runs, tasks or execution scopes
+  (``ParallelFor`` iterations carry their own ``scope`` label) are never touched.
 
 Deleting uses background propagation (the Trainer controller re-creates the JobSet of a TrainJob
 held by a foreground-deletion finalizer), then waits with watches -- bounded -- until the
@@ -26,7 +26,7 @@ from kubernetes.client import ApiClient
 
 from ... import cancel
 from ...errors import DeletionTimeoutError, ForbiddenError, RejectedError, UserError
-from ...spec import GROUP, LABEL_DIGEST, LABEL_RUN, LABEL_TASK, PLURAL, VERSION
+from ...spec import GROUP, LABEL_DIGEST, LABEL_RUN, LABEL_SCOPE, LABEL_TASK, PLURAL, VERSION
 from .. import owner
 from ..base import JobRef, Phase, Submission, check_ownership, trainjob_status
 from .api import Conflict, NotFound, RetryPolicy, call
@@ -116,15 +116,16 @@ class Lifecycle:
         self._remember(created)
         return created
 
-    def lineage(self, namespace: str, run: str, task: str) -> list[dict[str, Any]]:
-        """TrainJobs in ``namespace`` labelled with this run and task."""
+    def lineage(self, namespace: str, run: str, task: str, scope: str = "") -> list[dict[str, Any]]:
+        """TrainJobs in ``namespace`` labelled with this run and task (and execution scope, when given)."""
+        selector = f"{LABEL_RUN}={run},{LABEL_TASK}={task}" + (f",{LABEL_SCOPE}={scope}" if scope else "")
         body = call(
             self.custom.list_namespaced_custom_object,
             GROUP,
             VERSION,
             namespace,
             PLURAL,
-            label_selector=f"{LABEL_RUN}={run},{LABEL_TASK}={task}",
+            label_selector=selector,
             what=f"list TrainJobs of run {run} task {task}",
             policy=self.policy,
         )
@@ -144,7 +145,7 @@ class Lifecycle:
         existing = None
         if labels.get(LABEL_RUN) and labels.get(LABEL_TASK):
             try:
-                jobs = self.lineage(namespace, labels[LABEL_RUN], labels[LABEL_TASK])
+                jobs = self.lineage(namespace, labels[LABEL_RUN], labels[LABEL_TASK], labels.get(LABEL_SCOPE, ""))
             except ForbiddenError as e:
                 jobs = []
                 notes.append(f"could not look for earlier tries of this task: {e}")

@@ -1,0 +1,65 @@
+"""What each component does at run time, on plain values and artifact-like objects.
+
+The KFP component functions in :mod:`kfp_trainer.components` only collect their inputs and
+call one function here, one module per component:
+
+* :mod:`.train_job` -- ``train_job`` and ``trainjob_component`` components: one TrainJob;
+* :mod:`.initializers` -- ``dataset_initializer`` / ``model_initializer``;
+* :mod:`.evaluate` -- ``evaluate_model``: LM metrics and the gate verdict;
+* :mod:`.function` -- the command that runs a shipped Python function in a TrainJob;
+* :mod:`.classify` -- classifier evaluation (metrics and a confusion matrix);
+* :mod:`.sweep` -- choosing the best of several trained models;
+* :mod:`.common` -- log lines, exit codes, the KFP run identity, files on shared volumes.
+
+Artifacts are duck-typed (``.path``, ``.uri``, ``.metadata``, ``.log_metric``), so no module
+here imports KFP or torch at module level and each can be tested without a pipeline.
+"""
+
+from .classify import run_classifier_evaluation
+from .common import (
+    copy_dir,
+    dir_stats,
+    exit_on_error,
+    finite,
+    identity_from_uri,
+    log,
+    model_metadata,
+    resolve_identity,
+    resolve_scope,
+    scope_from_uri,
+    shared_dir,
+    stage,
+    unresolved,
+)
+from .evaluate import compare, read_metrics_artifact, run_evaluate, run_lm_eval
+from .function import BOOTSTRAP, function_command
+from .initializers import run_initializer
+from .sweep import run_select_best
+from .train_job import normalize_values, run_train_job
+
+__all__ = [
+    "BOOTSTRAP",
+    "compare",
+    "copy_dir",
+    "dir_stats",
+    "exit_on_error",
+    "finite",
+    "function_command",
+    "identity_from_uri",
+    "log",
+    "model_metadata",
+    "normalize_values",
+    "read_metrics_artifact",
+    "resolve_identity",
+    "resolve_scope",
+    "scope_from_uri",
+    "run_evaluate",
+    "run_initializer",
+    "run_lm_eval",
+    "run_classifier_evaluation",
+    "run_select_best",
+    "run_train_job",
+    "shared_dir",
+    "stage",
+    "unresolved",
+]

@@ -1,0 +1,227 @@
+"""Run-time work of the ``train_job`` component (and of ``trainjob_component`` components)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import naming
+from ..errors import UserError
+from .common import (
+    copy_dir,
+    dir_stats,
+    finite,
+    log,
+    model_metadata,
+    resolve_identity,
+    resolve_scope,
+    shared_dir,
+    stage,
+    unresolved,
+)
+
+
+def _artifact_path(artifact: Any) -> str | None:
+    if artifact is None:
+        return None
+    path = getattr(artifact, "path", None)
+    return str(path) if path else None
+
+
+def _shared_copy(artifact: Any, shared_root: str | None) -> str | None:
+    """The artifact's copy on the shared volume, if its producer left one there."""
+    if artifact is None or not shared_root:
+        return None
+    where = (getattr(artifact, "metadata", None) or {}).get("workspace_path")
+    if isinstance(where, str) and where.startswith(shared_root.rstrip("/") + "/") and ".." not in where.split("/") and Path(where).exists():
+        return where
+    return None
+
+
+_INTEGRAL = re.compile(r"^[+-]?\d+\.0+$")
+
+
+def normalize_values(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Command, args and env values as strings, integral numbers without ``.0``.
+
+    KFP hands pipeline parameters placed inside a list or dict input over as JSON numbers
+    (``5.0`` for an ``int`` 5, sometimes already as the string ``"5.0"``), which an
+    ``int`` command-line option rejects.
+
+    Example:
+        >>> normalize_values({"args": ["--steps", 5.0, "--lr", "0.5", "--n", "3.0"], "env": {"N": 2}})
+        {'args': ['--steps', '5', '--lr', '0.5', '--n', '3'], 'env': {'N': '2'}}
+    """
+
+    def norm(value: Any) -> Any:
+        if isinstance(value, bool):
+            return str(value).lower()
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        if isinstance(value, (int, float)):
+            return str(value)
+        if isinstance(value, str) and _INTEGRAL.match(value):
+            return value.split(".")[0]
+        return value
+
+    out = dict(inputs)
+    for key in ("command", "args"):
+        if isinstance(out.get(key), list):
+            out[key] = [norm(v) for v in out[key]]
+    if isinstance(out.get("env"), dict):
+        out["env"] = {k: norm(v) for k, v in out["env"].items()}
+    return out
+
+
+
+def run_train_job(
+    *,
+    inputs: dict[str, Any],
+    task_config: Any,
+    backend: str,
+    start_timeout: float,
+    run_timeout: float,
+    logs: str,
+    delete_after_success: bool,
+    workspace_path: str,
+    dataset: Any,
+    model: Any,
+    output_model: Any,
+    metrics: Any,
+    report: Any,
+    trainjob_path: str,
+    backend_factory: Callable[[str], Any] | None = None,
+) -> Any:
+    """Run one TrainJob for the ``train_job`` component and fill its outputs.
+
+    Args:
+        inputs: The component's TrainJob inputs (``None`` = not set), plus ``task_id``
+            (``dsl.PIPELINE_TASK_ID_PLACEHOLDER``), which tells loop iterations apart.
+        task_config: The task's ``dsl.TaskConfig`` (empty under ``kfp.local``).
+        backend: ``auto``, ``local`` or ``kubernetes``.
+        start_timeout: Seconds the job may take to start; 0 = no limit.
+        run_timeout: Seconds the trainer may run; 0 = no limit.
+        logs: Trainer node whose log to stream (``"0"``), ``"all"`` or ``"none"``.
+        delete_after_success: Delete the TrainJob once it succeeded and the model is copied.
+        workspace_path: The KFP workspace path (``dsl.WORKSPACE_PATH_PLACEHOLDER``) or ``""``.
+        dataset: Optional input Dataset artifact (``{dataset}``).
+        model: Optional input Model artifact (``{model}``).
+        output_model: Output Model artifact (``{output_model}``).
+        metrics: Output Metrics artifact.
+        report: Output HTML artifact.
+        trainjob_path: File to write ``namespace/name`` to (written as soon as it is known).
+        backend_factory: Test hook replacing :func:`~kfp_trainer.backends.select_backend`.
+
+    Returns:
+        The launcher's ``Outcome``.
+    """
+    from .. import cancel
+
+    cancel.install()  # first: from here on a KFP cancel ends with the TrainJob deleted or never created
+    from ..backends import select_backend
+    from ..launcher import Launcher, LaunchOptions
+    from ..report import outcome_data, render_html
+    from ..spec import TrainJobInputs, check_launch_options
+    from ..staging import choose_shared_root, plan_paths
+    from ..taskconfig import merge_task_config
+
+    given = normalize_values({k: v for k, v in inputs.items() if v is not None})
+    output_uri = str(getattr(output_model, "uri", "") or "")
+    run_id, task_name, pipeline_name = resolve_identity(
+        given.get("run_id", ""), given.get("task_name", ""), given.get("pipeline_name", ""), output_uri=output_uri
+    )
+    given.update({k: v for k, v in (("run_id", run_id), ("task_name", task_name), ("pipeline_name", pipeline_name)) if v})
+    scope = resolve_scope(given.pop("task_id", None), output_uri=output_uri)
+    if scope:  # identical ParallelFor iterations must not share (adopt) one TrainJob
+        given["task_id"] = scope
+    if unresolved(workspace_path):
+        workspace_path = ""
+    check_launch_options(
+        start_timeout=start_timeout, run_timeout=run_timeout, logs=logs, backend=backend or "auto",
+        workspace_path=workspace_path, delete_after_success=delete_after_success,
+    )
+    merged = merge_task_config(given, task_config)
+    chosen = (backend_factory or select_backend)(backend or "auto")
+    local = bool(getattr(chosen, "local", False))
+    shared_root = None if local else choose_shared_root(workspace_path, merged.get("volume_mounts"), merged.get("volumes"))
+    key_source = json.dumps(given, sort_keys=True, default=str) + "|" + "|".join(
+        str(getattr(a, "uri", "") or "") for a in (dataset, model)
+    )
+    key = f"{naming.label_value(task_name or 'train-job')[:40].strip('-_.') or 'train'}-{naming.digest(key_source)}"
+    artifacts = {"dataset": _artifact_path(dataset), "model": _artifact_path(model)}
+    plan = plan_paths(
+        merged,
+        local=local,
+        artifacts=artifacts,
+        output_model=str(output_model.path),
+        shared_root=shared_root,
+        key=key,
+        shared_artifacts={n: p for n, a in (("dataset", dataset), ("model", model)) if (p := _shared_copy(a, shared_root))},
+    )
+    merged.update(plan.values)
+    parsed = TrainJobInputs.parse(**merged)
+
+    def submitted(ref: Any) -> None:
+        Path(trainjob_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(trainjob_path).write_text(str(ref))
+
+    options = LaunchOptions(
+        start_timeout=float(start_timeout or 0), run_timeout=float(run_timeout or 0), logs=str(logs or "0"),
+        # the model lives on the shared volume or in the artifact, not in the TrainJob: safe to delete
+        delete_after_success=bool(delete_after_success),
+    )
+    launcher = Launcher(chosen, options, on_submitted=submitted)
+    # Every input problem -- the runtime's Trainer version and host-access policy included -- before any copy or write.
+    launcher.prepare(parsed)
+
+    for src, dst in plan.stage_in:
+        if stage(src, dst):
+            log(f"staged {src} -> {dst} (shared with the TrainJob's pods)")
+        else:
+            log(f"{dst} was staged by an earlier try; using it")
+    if plan.stage_out:
+        shared_dir(plan.stage_out[0])
+    Path(output_model.path).mkdir(parents=True, exist_ok=True)
+    outcome = launcher.run(parsed)
+    submitted(outcome.ref)
+
+    if plan.stage_out:
+        log(f"copying the trained model {plan.stage_out[0]} -> output artifact")
+        copy_dir(plan.stage_out[0], plan.stage_out[1])
+    files, _ = dir_stats(output_model.path)
+    if "output_model" in plan.used and files == 0:
+        raise UserError(
+            f"TrainJob {outcome.ref} succeeded but wrote nothing to {{output_model}} ({plan.paths.get('output_model')}): "
+            "the trainer must save the model there (rank 0)"
+        )
+
+    base_model = (getattr(model, "metadata", None) or {}).get("source_uri") if model is not None else None
+    output_model.metadata.update(
+        model_metadata(
+            output_model.path,
+            base_model=base_model or parsed.model_uri or None,
+            trainjob=str(outcome.ref),
+            runtime=outcome.runtime,
+            trainer_api=outcome.api_version,
+            workspace_path=plan.paths.get("output_model") if plan.stage_out else None,
+        )
+    )
+    if files == 0:
+        output_model.metadata["empty"] = True
+    final, best = outcome.metrics.final(), outcome.metrics.best()
+    for name, value in sorted(final.items()):
+        if finite(value):
+            metrics.log_metric(name, float(value))
+    for name, value in sorted(best.items()):
+        if finite(value) and value != final.get(name):  # best() holds scores only
+            metrics.log_metric(f"best_{name}", float(value))
+    data = outcome_data(outcome, backend="local" if local else "kubernetes", extra={
+        "output model": f"{output_model.metadata.get('weights')} weights, {output_model.metadata.get('format')}, {files} files",
+        "base model": base_model or parsed.model_uri or "",
+    })
+    Path(report.path).parent.mkdir(parents=True, exist_ok=True)
+    Path(report.path).write_text(render_html(data), encoding="utf-8")
+    return outcome
