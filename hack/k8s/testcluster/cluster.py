@@ -1,0 +1,435 @@
+"""TestCluster: one test control plane, started, reused and stopped as a whole."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import crds, kwok, objects
+from .binaries import Binaries, BinariesUnavailable, ClusterError, binaries, cache_root, jobset_manifests, trainer_manifests
+from .components import Controllers, KubeletFront, PodScripting, parse_gates
+from .gc import GcProbe, restart_controller_manager
+from .procs import pid_alive, processes_under, terminate
+
+DEFAULT_CLUSTER_NAME = "kfp-trainer-test"
+# Processes a cluster may leave: kwokctl's components and ours (matched by program name).
+OUR_PROGRAMS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller", "kwok")
+OUR_SCRIPTS = ("logfront.py", "podscript.py", "controllers")
+
+
+def env_feature_gates() -> dict[str, bool]:
+    """Feature gates of the controllers from ``KFP_TRAINER_FEATURE_GATES`` (``Name=true,...``)."""
+    return parse_gates(os.environ.get("KFP_TRAINER_FEATURE_GATES", ""))
+
+
+class TestCluster:
+    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (under
+    ``kwokctl --runtime binary``), the real Trainer and JobSet controllers, the kubelet
+    front and the pod scripting process; the Trainer and JobSet CRDs and the Trainer's
+    ClusterTrainingRuntimes installed."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        root: Path | None = None,
+        trainer_dir: Path | None = None,
+        nodes: list[objects.Node] | None = None,
+        reuse: bool | None = None,
+        unique: bool = False,
+        verbose: bool = False,
+        feature_gates: Mapping[str, bool] | None = None,
+    ) -> None:
+        """``unique``: name the cluster ``<name>-<pid>`` so concurrent test sessions never share
+        (or delete) each other's cluster; clusters left by dead sessions are removed on start.
+        ``feature_gates``: of the Trainer/JobSet controllers (default: ``KFP_TRAINER_FEATURE_GATES``)."""
+        self.base_name = name or os.environ.get("KFP_TRAINER_CLUSTER_NAME", DEFAULT_CLUSTER_NAME)
+        self.unique = unique
+        self.root = Path(root) if root else cache_root() / "clusters"
+        self._set_name(f"{self.base_name}-{os.getpid()}" if unique else self.base_name)
+        self.trainer_dir = Path(trainer_dir) if trainer_dir else trainer_manifests()
+        self.nodes = objects.DEFAULT_NODES if nodes is None else nodes
+        if reuse is None:
+            reuse = os.environ.get("KFP_TRAINER_REUSE_CLUSTER", "") in ("1", "true", "yes")
+        self.reuse = reuse
+        self.verbose = verbose
+        self.feature_gates = dict(env_feature_gates() if feature_gates is None else feature_gates)
+        self.timings: dict[str, float] = {}
+        self.ports = kwok.Ports()
+        self._bin: Binaries | None = None
+        self._api_client = None
+        self._lock_fd: int | None = None
+        self._gc: GcProbe | None = None
+
+    def _set_name(self, name: str) -> None:
+        self.name = name
+        self.kwok_workdir = self.root / "kwok"
+        self.cluster_dir = self.kwok_workdir / "clusters" / name
+        self.kubeconfig = str(self.root / f"{name}.kubeconfig")
+        self.logs_dir = self.root / f"{name}-podlogs"
+        self.state_file = self.root / f"{name}.state.json"
+
+    # ------------------------------------------------------------------ helpers
+    def _log(self, msg: str) -> None:
+        if self.verbose:
+            print(f"[cluster] {msg}", file=sys.stderr, flush=True)
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KWOK_WORKDIR"] = str(self.kwok_workdir)
+        # Keep kwokctl and the components away from any proxy and from the user's kubeconfig.
+        for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+            env.pop(k, None)
+        env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+        env["KUBECONFIG"] = self.kubeconfig
+        return env
+
+    def _kwokctl(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        assert self._bin is not None
+        cmd = [str(self._bin / "kwokctl"), "--name", self.name, *args]
+        self._log("$ " + " ".join(cmd))
+        proc = subprocess.run(cmd, env=self._env(), capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise ClusterError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def _timed(self, key: str, t0: float) -> float:
+        now = time.monotonic()
+        self.timings[key] = now - t0
+        return now
+
+    # ------------------------------------------------------------------ components
+    @property
+    def front(self) -> KubeletFront:
+        return KubeletFront(self.cluster_dir, self.root, self.name, self.ports.front, self.ports.kwok)
+
+    @property
+    def podscript(self) -> PodScripting:
+        return PodScripting(self.cluster_dir, self.root, self.name, self.logs_dir, self.ports.kwok)
+
+    @property
+    def controllers(self) -> Controllers:
+        assert self._bin is not None
+        p = self.ports
+        return Controllers(
+            self.cluster_dir,
+            self.root,
+            self.name,
+            self._bin.controllers,
+            p.webhooks,
+            p.controllers_health,
+            p.status_server,
+            self.feature_gates,
+        )
+
+    def restart_controllers(self, feature_gates: Mapping[str, bool] | None = None) -> None:
+        """Stop the Trainer/JobSet controllers and start them again (with other feature gates)."""
+        if feature_gates is not None:
+            self.feature_gates = dict(feature_gates)
+            self._save_state()
+        self.controllers.stop()
+        t0 = time.monotonic()
+        self.controllers.start(self._env())
+        self._timed("controllers_restart_s", t0)
+
+    @property
+    def status_server(self) -> dict[str, Any]:
+        """How a test reaches the Trainer status server (TrainJobStatus gate on): the URL in a
+        pod's ``KUBEFLOW_TRAINER_SERVER_URL`` names the host ``server_hostname`` at ``port``;
+        connect to ``host`` instead, verify with ``ca_file`` and ``server_hostname``."""
+        return {
+            "enabled": bool(self.feature_gates.get("TrainJobStatus")),
+            "host": "127.0.0.1",
+            "port": self.ports.status_server,
+            "server_hostname": "kubeflow-trainer-controller-manager.kubeflow-system.svc",
+            "ca_file": str(self.controllers.ca_file),
+        }
+
+    # ------------------------------------------------------------------ API access
+    def api_client(self):
+        """A new kubernetes.client.ApiClient for the admin kubeconfig."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=self.kubeconfig)
+
+    @property
+    def _client(self):
+        if self._api_client is None:
+            self._api_client = self.api_client()
+        return self._api_client
+
+    @property
+    def server(self) -> str:
+        kc = yaml.safe_load(Path(self.kubeconfig).read_text())
+        return kc["clusters"][0]["cluster"]["server"]
+
+    @property
+    def kwok_port(self) -> int:
+        """Port of the kwok controller's server (the fake kubelet) on 127.0.0.1."""
+        return self.ports.kwok
+
+    def is_running(self) -> bool:
+        if not Path(self.kubeconfig).exists() or not self.cluster_dir.exists():
+            return False
+        try:
+            from kubernetes import client
+
+            resp = client.ApiClient(self._client.configuration).call_api(
+                "/readyz", "GET", auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True, _request_timeout=3
+            )
+            return resp.status == 200
+        except Exception:  # noqa: BLE001 - anything but a ready answer
+            self._api_client = None
+            return False
+
+    def _save_state(self) -> None:
+        self.state_file.write_text(json.dumps({"ports": vars(self.ports), "feature_gates": self.feature_gates}))
+
+    def _load_state(self) -> None:
+        state = json.loads(self.state_file.read_text())
+        self.ports = kwok.Ports(**state["ports"])
+        if not self.feature_gates:
+            self.feature_gates = state.get("feature_gates") or {}
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, build: bool = True) -> TestCluster:
+        t0 = self._started_at = time.monotonic()
+        self._bin = binaries(build=build, log=sys.stderr if self.verbose else None)
+        t = self._timed("binaries_s", t0)
+        if self.reuse and self.is_running() and self.state_file.exists():
+            self._log(f"reusing running cluster {self.name}")
+            self.timings["reused"] = 1
+            self._load_state()
+            self._start_components()
+            self._gc = GcProbe(self.api_client, self._started_at)
+            return self
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.unique:
+            self.remove_stale_clusters()
+        if not self._lock():
+            raise ClusterError(
+                f"cluster {self.name} is in use by another process (lock {self._lock_path}); "
+                "use KFP_TRAINER_REUSE_CLUSTER=1 to share it or another KFP_TRAINER_CLUSTER_NAME"
+            )
+        if self.cluster_dir.exists():
+            self._log(f"removing stale cluster {self.name}")
+            self.stop(keep_lock=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.ports = kwok.Ports.pick()
+        try:
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=self.root) as f:
+                yaml.safe_dump_all(kwok.config(self._bin, self.ports), f)
+            try:
+                self._kwokctl(
+                    "create",
+                    "cluster",
+                    "--config",
+                    f.name,
+                    "--runtime",
+                    "binary",
+                    "--kubeconfig",
+                    self.kubeconfig,
+                    "--wait",
+                    "120s",
+                    "--timeout",
+                    "300s",
+                )
+            finally:
+                os.unlink(f.name)
+            t = self._timed("kwokctl_create_s", t)
+            self._api_client = None
+            self._save_state()
+            self.front.start(self._env())
+            self._wait_ready()
+            objects.create_nodes(self._client, self.nodes)
+            objects.create_storage_class(self._client)
+            self._install_crds()
+            restart_controller_manager(self.cluster_dir)
+            t = self._timed("nodes_crds_kcm_s", t)
+            self._start_components()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.stop()
+            raise
+        self._timed("start_total_s", t0)
+        self._gc = GcProbe(self.api_client, self._started_at)
+        return self
+
+    def _install_crds(self) -> None:
+        paths = sorted((self.trainer_dir / "crds").glob("*.yaml")) + sorted(jobset_manifests().glob("*.yaml"))
+        crds.install_crds(self._client, paths)
+
+    def _start_components(self) -> None:
+        """Start whatever of ours is not running (kubelet front, controllers, pod scripting)
+        and install the runtimes (validated by the Trainer's webhook)."""
+        env = self._env()
+        t = time.monotonic()
+        self.front.start(env)
+        self.controllers.start(env)
+        t = self._timed("controllers_start_s", t)
+        crds.install_runtimes(self._client, self.trainer_dir / "runtimes")
+        self.podscript.start(env)
+        self._timed("runtimes_podscript_s", t)
+
+    def _wait_ready(self, timeout: float = 120) -> None:
+        from kubernetes import client
+
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                # The default service account comes from the controller manager; pods
+                # cannot be created in 'default' before it exists.
+                client.CoreV1Api(self._client).read_namespaced_service_account("default", "default")
+                return
+            except Exception as e:  # noqa: BLE001
+                last = e
+                time.sleep(0.25)
+        raise ClusterError(f"cluster not ready after {timeout}s: {last}")
+
+    @property
+    def _lock_path(self) -> Path:
+        return self.root / f"{self.name}.lock"
+
+    def _lock(self) -> bool:
+        """Hold an exclusive lock on this cluster name for as long as this object runs it."""
+        import fcntl
+
+        if self._lock_fd is not None:
+            return True
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        return True
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            self._lock_path.unlink(missing_ok=True)
+
+    def remove_stale_clusters(self) -> list[str]:
+        """Delete ``<base>-<pid>`` clusters whose session is gone (their lock is free)."""
+        removed = []
+        clusters = self.kwok_workdir / "clusters"
+        candidates = {p.name for p in clusters.iterdir()} if clusters.is_dir() else set()
+        candidates |= {p.name[: -len(".lock")] for p in self.root.glob(f"{self.base_name}-*.lock")}
+        for n in sorted(candidates):
+            rest = n[len(self.base_name) + 1 :]
+            if not n.startswith(self.base_name + "-") or not rest.isdigit() or n == self.name:
+                continue
+            other = TestCluster(self.base_name, root=self.root, reuse=False, verbose=self.verbose)
+            other._set_name(n)
+            if not other._lock():
+                continue  # its session is alive
+            self._log(f"removing stale cluster {n}")
+            try:
+                other._bin = self._bin
+                other.stop()
+                removed.append(n)
+            finally:
+                other._unlock()
+        return removed
+
+    def stop(self, keep_lock: bool = False) -> None:
+        """Delete the cluster; make sure no process of it is left."""
+        if self._bin is None:
+            with contextlib.suppress(BinariesUnavailable):
+                self._bin = binaries(build=False)
+        if self._api_client is not None:
+            with contextlib.suppress(Exception):
+                self._api_client.close()
+            self._api_client = None
+        # Our components first (they would only retry against a stopping API server).
+        components = [int(p.read_text()) for p in self.root.glob(f"{self.name}.*.pid") if p.read_text().strip().isdigit()]
+        left = terminate(components)
+        kwokctl_pids = self._kwokctl_pids()
+        if self._bin is not None and (self._bin / "kwokctl").exists():
+            with contextlib.suppress(Exception):
+                self._kwokctl("delete", "cluster", "--kubeconfig", self.kubeconfig, check=False, timeout=120)
+        strays = [
+            p for p, cmd in processes_under(self.cluster_dir) if any(Path(a).name in OUR_PROGRAMS + OUR_SCRIPTS for a in cmd.split()[:2])
+        ]
+        left += terminate([p for p in kwokctl_pids if pid_alive(p)] + strays)
+        if left:
+            raise ClusterError(f"processes left behind: {left}")
+        if not keep_lock:
+            if self._lock_fd is None and self.root.is_dir():
+                self._lock()  # best effort: removes a lock file left by `cluster.py up`
+            self._unlock()
+        for f in [self.kubeconfig, self.state_file, *self.root.glob(f"{self.name}.*.pid")]:
+            Path(f).unlink(missing_ok=True)
+        for d in (self.cluster_dir, self.logs_dir):
+            shutil.rmtree(d, ignore_errors=True)
+
+    def _kwokctl_pids(self) -> list[int]:
+        piddir = self.cluster_dir / "pids"
+        out = []
+        for p in piddir.glob("*.pid") if piddir.is_dir() else []:
+            with contextlib.suppress(ValueError, OSError):
+                out.append(int(p.read_text().strip()))
+        return out
+
+    def leftover_processes(self) -> list[tuple[int, str]]:
+        return processes_under(self.cluster_dir)
+
+    # ------------------------------------------------------------------ Trainer CRDs
+    def trainjob_crd_path(self) -> Path:
+        return self.trainer_dir / "crds" / "trainer.kubeflow.org_trainjobs.yaml"
+
+    @contextlib.contextmanager
+    def use_trainjob_crd(self, path: str | os.PathLike) -> Iterator[dict]:
+        """Swap the TrainJob CRD to the one in ``path`` for the block (waits until the API
+        server validates with it); the cluster's own CRD again afterwards. Yields the CRD."""
+        with crds.swapped_crd(self._client, Path(path), self.trainjob_crd_path()) as doc:
+            yield doc
+
+    def wait_gc_ready(self, timeout: float = 60) -> None:
+        """Wait until the garbage collector handles TrainJob owners (normally at once)."""
+        if self._gc is None:
+            self._gc = GcProbe(self.api_client, time.monotonic())
+        self._gc.wait(timeout)
+        if self._gc.seconds_after_start is not None:
+            self.timings["gc_ready_after_start_s"] = self._gc.seconds_after_start
+
+    # ------------------------------------------------------------------ misc
+    def component_logs(self) -> dict[str, Path]:
+        """Every component's log file (kwokctl's, the controllers', the front's, pod scripting's)."""
+        d = self.cluster_dir / "logs"
+        return {p.stem: p for p in d.glob("*.log")} if d.is_dir() else {}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kubeconfig": self.kubeconfig,
+            "server": self.server if Path(self.kubeconfig).exists() else None,
+            "workdir": str(self.cluster_dir),
+            "bin_dir": str(self._bin.bin_dir) if self._bin else None,
+            "controllers": str(self._bin.controllers) if self._bin else None,
+            "feature_gates": self.feature_gates,
+            "trainer_dir": str(self.trainer_dir),
+            "timings": {k: round(v, 2) for k, v in self.timings.items()},
+        }
+
+    def __enter__(self) -> TestCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
