@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,16 +17,17 @@ from typing import Any
 
 import yaml
 
-from . import crds, kwok, objects
+from . import crds, kwok, locks, objects
 from .binaries import Binaries, BinariesUnavailable, ClusterError, binaries, cache_root, jobset_manifests, trainer_manifests
 from .components import Controllers, KubeletFront, PodScripting, parse_gates
 from .gc import GcProbe, restart_controller_manager
-from .procs import pid_alive, processes_under, terminate
+from .procs import pid_alive, processes_under, read_pid, restart_kwokctl_component, terminate
 
 DEFAULT_CLUSTER_NAME = "kfp-trainer-test"
 # Processes a cluster may leave: kwokctl's components and ours (matched by program name).
 OUR_PROGRAMS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller", "kwok")
 OUR_SCRIPTS = ("logfront.py", "podscript.py", "controllers")
+KWOKCTL_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
 
 
 def env_feature_gates() -> dict[str, bool]:
@@ -144,6 +146,29 @@ class TestCluster:
         t0 = time.monotonic()
         self.controllers.start(self._env())
         self._timed("controllers_restart_s", t0)
+
+    def pid(self, component: str) -> int | None:
+        """The pid of a component: one of kwokctl's (``etcd``, ``kube-apiserver``,
+        ``kube-controller-manager``, ``kube-scheduler``, ``kwok-controller``) or ours
+        (``controllers``, ``podscript``, ``logfront``)."""
+        if component in KWOKCTL_COMPONENTS:
+            return read_pid(self.cluster_dir / "pids" / f"{component}.pid")
+        return read_pid(self.root / f"{self.name}.{component}.pid")
+
+    def restart(self, component: str, kill: signal.Signals = signal.SIGTERM) -> None:
+        """Stop a component (see :meth:`pid`) with ``kill`` and start it again as it was
+        (kwokctl's with the same command line; ours with the cluster's settings)."""
+        if component in KWOKCTL_COMPONENTS:
+            restart_kwokctl_component(self.cluster_dir, component, kill)
+            self._api_client = None
+            return
+        ours = {"controllers": self.controllers, "podscript": self.podscript, "logfront": self.front}[component]
+        pid = ours.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, kill)
+        ours.stop()
+        ours.start(self._env())
 
     @property
     def status_server(self) -> dict[str, Any]:
@@ -306,24 +331,13 @@ class TestCluster:
 
     def _lock(self) -> bool:
         """Hold an exclusive lock on this cluster name for as long as this object runs it."""
-        import fcntl
-
-        if self._lock_fd is not None:
-            return True
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return False
-        self._lock_fd = fd
-        return True
+        if self._lock_fd is None:
+            self._lock_fd = locks.acquire(self._lock_path)
+        return self._lock_fd is not None
 
     def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-            self._lock_path.unlink(missing_ok=True)
+        locks.release(self._lock_path, self._lock_fd)
+        self._lock_fd = None
 
     def remove_stale_clusters(self) -> list[str]:
         """Delete ``<base>-<pid>`` clusters whose session is gone (their lock is free)."""
@@ -397,9 +411,15 @@ class TestCluster:
     @contextlib.contextmanager
     def use_trainjob_crd(self, path: str | os.PathLike) -> Iterator[dict]:
         """Swap the TrainJob CRD to the one in ``path`` for the block (waits until the API
-        server validates with it); the cluster's own CRD again afterwards. Yields the CRD."""
-        with crds.swapped_crd(self._client, Path(path), self.trainjob_crd_path()) as doc:
-            yield doc
+        server validates with it); the cluster's own CRD again afterwards, and the
+        controllers restarted. Yields the CRD."""
+        try:
+            with crds.swapped_crd(self._client, Path(path), self.trainjob_crd_path()) as doc:
+                yield doc
+        finally:
+            # The controllers' TrainJob watches may still decode with the swapped schema
+            # (pruning fields it lacks, such as runtimePatches): give them fresh ones.
+            self.restart("controllers")
 
     def wait_gc_ready(self, timeout: float = 60) -> None:
         """Wait until the garbage collector handles TrainJob owners (normally at once)."""

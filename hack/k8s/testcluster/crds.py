@@ -168,7 +168,8 @@ def wait_schema_served(api, crd: dict, timeout: float = 30) -> None:
             if e.status in (400, 403, 422):
                 # The Trainer's webhook may refuse the probe for its own reasons; only a
                 # schema error says the field is unknown.
-                return "unknown field" not in (e.body or "") and "field not declared" not in (e.body or "")
+                body = e.body.decode(errors="replace") if isinstance(e.body, bytes) else str(e.body or "")
+                return "unknown field" not in body and "field not declared" not in body
             raise
 
     deadline = time.monotonic() + timeout

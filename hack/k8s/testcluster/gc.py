@@ -5,42 +5,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import threading
 import time
 import uuid
 from pathlib import Path
 
 from .binaries import ClusterError
-from .procs import pid_alive, port_open, wait_until
+from .procs import restart_kwokctl_component
 
 TRAINER_GROUP = "trainer.kubeflow.org"
 
 
-def restart_controller_manager(cluster_dir: Path) -> subprocess.Popen:
+def restart_controller_manager(cluster_dir: Path) -> None:
     """Restart kube-controller-manager with the same command line.
 
     Its garbage collector discovers resource kinds at start and then only every 30 s; a
     restart after the CRDs are installed makes it handle TrainJob and JobSet owners at once."""
-    pidfile = cluster_dir / "pids" / "kube-controller-manager.pid"
-    pid = int(pidfile.read_text().strip())
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        argv = [a.decode() for a in f.read().split(b"\0") if a]
-    cwd = os.readlink(f"/proc/{pid}/cwd")
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-    with open(cluster_dir / "logs" / "kube-controller-manager.log", "ab") as log:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    pidfile.write_text(str(proc.pid))
-    port = next((a.split("=", 1)[1] for a in argv if a.startswith("--secure-port=")), None)
-    if port:
-        wait_until(lambda: port_open(int(port)), 30, "kube-controller-manager after its restart", alive=lambda: proc.poll() is None)
-    return proc
+    restart_kwokctl_component(cluster_dir, "kube-controller-manager")
 
 
 class GcProbe:

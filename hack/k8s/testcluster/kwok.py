@@ -7,10 +7,29 @@ from pathlib import Path
 
 import yaml
 
+from . import scripting
 from .binaries import KUBE_VERSION, Binaries
 from .procs import free_port
 
 STAGES_DIR = Path(__file__).resolve().parent / "stages"
+
+_A = "(.metadata.annotations // {})"
+_INSTANCE = "(.status.containerStatuses[0].restartCount // 0)"
+_ATTEMPT = '(.metadata.labels["jobset.sigs.k8s.io/restart-attempt"] // "0" | tonumber)'
+# jq expressions the pod stages share (written @name@ in stages/pod.yaml).
+JQ_MACROS = {
+    "crashing": (
+        f'({_A} as $a | {_INSTANCE} as $n | ($a["{scripting.CRASHES}"] // "0") as $c'
+        ' | if $c == "always" then true else $n < ($c | tonumber) end)'
+    ),
+    "exit_code": (
+        f'({_A} as $a | if ($a["{scripting.FAILING_ATTEMPTS}"] // null) != null'
+        f' and {_ATTEMPT} >= ($a["{scripting.FAILING_ATTEMPTS}"] | tonumber)'
+        f' then 0 else ($a["{scripting.EXIT_CODE}"] // "0" | tonumber) end)'
+    ),
+    "may_exit": f'({_A}["{scripting.EXIT_DELAY}"] != "never")',
+    "log_done": f'({_A}["{scripting.LOG_DONE}"] == ({_INSTANCE} | tostring))',
+}
 
 
 @dataclasses.dataclass
@@ -37,7 +56,10 @@ def stages() -> list[dict]:
     """Every KWOK stage of the cluster (nodes, pods, volumes); they replace kwok's defaults."""
     docs: list[dict] = []
     for path in sorted(STAGES_DIR.glob("*.yaml")):
-        docs += yaml.safe_load(path.read_text())
+        text = path.read_text()
+        for name, expression in JQ_MACROS.items():
+            text = text.replace(f"@{name}@", expression)
+        docs += yaml.safe_load(text)
     return docs
 
 

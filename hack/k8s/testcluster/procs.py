@@ -110,3 +110,38 @@ def terminate(pids: Iterable[int], grace: float = 10) -> list[int]:
         if not left:
             break
     return left
+
+
+def restart_kwokctl_component(cluster_dir: Path, name: str, kill: signal.Signals = signal.SIGTERM, timeout: float = 60) -> int:
+    """Stop one of kwokctl's processes (``kube-apiserver``, ``etcd``, ...) with ``kill`` and
+    start it again with the same command line and log; wait until its port answers.
+    Returns the new pid."""
+    from .binaries import ClusterError
+
+    pidfile = cluster_dir / "pids" / f"{name}.pid"
+    pid = int(pidfile.read_text().strip())
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = [a.decode() for a in f.read().split(b"\0") if a]
+    cwd = os.readlink(f"/proc/{pid}/cwd")
+    port = next((a.split("=", 1)[1] for a in argv if a.startswith(("--secure-port=", "--listen-client-urls="))), None)
+    port = int(port.rsplit(":", 1)[-1].split(",")[0]) if port else None
+    if terminate([pid], grace=10) if kill == signal.SIGTERM else _kill_now(pid, kill):
+        raise ClusterError(f"{name} (pid {pid}) did not stop")
+    if port:
+        # The thread group leader turns zombie before the last thread has closed the socket.
+        wait_until(lambda: not port_open(port), timeout, f"{name}'s port {port} to be free")
+    with open(cluster_dir / "logs" / f"{name}.log", "ab") as log:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    pidfile.write_text(str(proc.pid))
+    if port:
+        wait_until(lambda: port_open(port), timeout, f"{name} after its restart", alive=lambda: proc.poll() is None)
+    return proc.pid
+
+
+def _kill_now(pid: int, sig: signal.Signals) -> list[int]:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [pid] if pid_alive(pid) else []

@@ -31,6 +31,7 @@ CRASH_AFTER = PREFIX + "crash-after"
 CRASH_EXIT_CODE = PREFIX + "crash-exit-code"
 CRASH_BACKOFF = PREFIX + "crash-backoff"
 NOT_READY = PREFIX + "not-ready"
+FAILING_ATTEMPTS = PREFIX + "failing-attempts"
 # Written by the pod scripting process, read by the KWOK stages.
 LOG_READY = PREFIX + "log-ready"
 LOG_DONE = PREFIX + "log-done"
@@ -60,6 +61,9 @@ class PodScript:
         crash_exit_code: exit code of a crash.
         crash_backoff: seconds in CrashLoopBackOff between a crash and the next instance.
         not_ready: the containers run but never turn Ready.
+        failing_attempts: ``exit_code`` applies only to pods of the first
+            ``failing_attempts`` JobSet attempts (label ``jobset.sigs.k8s.io/restart-attempt``);
+            pods of later attempts (after a JobSet restart) exit 0.
     """
 
     lines: Sequence[str] = ()
@@ -72,6 +76,7 @@ class PodScript:
     crash_exit_code: int = 1
     crash_backoff: float | None = None
     not_ready: bool = False
+    failing_attempts: int | None = None
 
     def annotations(self) -> dict[str, str]:
         """The pod annotations that script this behaviour.
@@ -100,6 +105,8 @@ class PodScript:
             out[CRASH_BACKOFF] = _seconds(self.crash_backoff)
         if self.not_ready:
             out[NOT_READY] = "true"
+        if self.failing_attempts is not None:
+            out[FAILING_ATTEMPTS] = str(int(self.failing_attempts))
         return out
 
 
