@@ -140,6 +140,7 @@ class Controllers(Component):
     """The real Kubeflow Trainer and JobSet controllers with their webhooks (hack/k8s/controllers)."""
 
     name = "controllers"
+    CERT_DIR = "controllers-pki"  # in the cluster's directory: the CA and serving certificate
 
     def __init__(
         self,
@@ -156,7 +157,7 @@ class Controllers(Component):
         self.binary = binary
         self.webhook_port, self.health_port, self.status_server_port = webhook_port, health_port, status_server_port
         self.feature_gates = dict(feature_gates)
-        self.cert_dir = cluster_dir / "controllers-pki"
+        self.cert_dir = cluster_dir / self.CERT_DIR
 
     def argv(self) -> list[str]:
         argv = [
