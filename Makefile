@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test unit lint compile cluster-build cluster-up cluster-down clean
+.PHONY: setup demo test unit lint compile cluster-build cluster-up cluster-status cluster-down clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,12 +25,18 @@ lint: setup
 compile: setup
 	$(VENV)/bin/kfp-trainer compile
 
-# Builds the test control plane from Go modules (cached outside the repo after the first time).
+# Builds the test control plane (Kubernetes, etcd, KWOK, the Trainer and JobSet controllers)
+# from Go modules; cached outside the repo after the first time.
 cluster-build:
 	bash hack/k8s/build.sh
 
+# A test cluster with the real Trainer and JobSet controllers, left running for kubectl
+# (docs/controlplane.md). FEATURE_GATES=TrainJobStatus=true turns on controller feature gates.
 cluster-up: setup cluster-build
-	$(PY) hack/k8s/cluster.py up
+	$(PY) hack/k8s/cluster.py up $(if $(FEATURE_GATES),--feature-gates $(FEATURE_GATES))
+
+cluster-status: setup
+	$(PY) hack/k8s/cluster.py status
 
 cluster-down: setup
 	$(PY) hack/k8s/cluster.py down
