@@ -137,7 +137,10 @@ class PodScripter:
                     obj = ev["object"]
                     rv = obj.metadata.resource_version or rv
                     if ev["type"] != "BOOKMARK":
-                        self.handle(ev["type"], obj)
+                        try:
+                            self.handle(ev["type"], obj)
+                        except Exception:  # noqa: BLE001 - one odd pod must not stop the others
+                            log.exception("pod %s/%s", obj.metadata.namespace, obj.metadata.name)
             except Exception as e:  # noqa: BLE001 - API server gone, 410, resets: relist
                 log.info("watch interrupted (%s); relisting", type(e).__name__)
                 rv = None
