@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -27,9 +28,14 @@ type certificates struct {
 	keyPEM  []byte
 }
 
-// newCertificates makes a fresh CA and serving certificate and writes them to dir as
-// ca.crt, tls.crt and tls.key (the file names controller-runtime's webhook server reads).
+// newCertificates returns the CA and serving certificate in dir (ca.crt, tls.crt and
+// tls.key, the file names controller-runtime's webhook server reads): those a previous
+// start of this process left there, so that a restart does not change the CA the API
+// server trusts for the webhooks, or else new ones.
 func newCertificates(dir string) (*certificates, error) {
+	if c, err := loadCertificates(dir); err == nil {
+		return c, nil
+	}
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -86,6 +92,33 @@ func newCertificates(dir string) (*certificates, error) {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
 			return nil, fmt.Errorf("write %s: %w", name, err)
 		}
+	}
+	return c, nil
+}
+
+func loadCertificates(dir string) (*certificates, error) {
+	c := &certificates{}
+	for name, dst := range map[string]*[]byte{"ca.crt": &c.caPEM, "tls.crt": &c.certPEM, "tls.key": &c.keyPEM} {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		*dst = data
+	}
+	pair, err := tls.X509KeyPair(c.certPEM, c.keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(c.caPEM) {
+		return nil, fmt.Errorf("no CA in %s", dir)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: statusServerDNSName}); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -2,7 +2,7 @@
 // admission webhooks, in one controller-runtime manager for the test control plane.
 //
 // Everything listens on 127.0.0.1: the webhooks are served with a CA and serving
-// certificate made at start and registered with the API server by URL, so no
+// certificate made at the first start and registered with the API server by URL, so no
 // Service, cert-manager or in-cluster certificate rotation is needed. There is no
 // leader election (one instance per cluster).
 //
@@ -73,7 +73,7 @@ type options struct {
 func main() {
 	var o options
 	// controller-runtime registers --kubeconfig itself (ctrl.GetConfig reads it).
-	flag.StringVar(&o.certDir, "cert-dir", "", "directory for the generated CA and serving certificate (required)")
+	flag.StringVar(&o.certDir, "cert-dir", "", "directory of the CA and serving certificate, made at the first start (required)")
 	flag.IntVar(&o.webhookPort, "webhook-port", 0, "port of the webhook server on 127.0.0.1 (required)")
 	flag.IntVar(&o.healthPort, "health-port", 0, "port of /healthz and /readyz on 127.0.0.1 (required)")
 	flag.IntVar(&o.metricsPort, "metrics-port", 0, "port of the (plain HTTP) metrics endpoint on 127.0.0.1; 0 disables it")

@@ -140,7 +140,7 @@ class Controllers(Component):
     """The real Kubeflow Trainer and JobSet controllers with their webhooks (hack/k8s/controllers)."""
 
     name = "controllers"
-    CERT_DIR = "controllers-pki"  # in the cluster's directory: the CA and serving certificate
+    CERT_DIR = "controllers-pki"  # in the cluster's directory: the CA and serving certificate, kept across restarts
 
     def __init__(
         self,
@@ -185,5 +185,5 @@ class Controllers(Component):
 
     @property
     def ca_file(self) -> Path:
-        """The CA of the webhook and status server certificate (made at each start)."""
+        """The CA of the webhook and status server certificate (made at the first start)."""
         return self.cert_dir / "ca.crt"
