@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test unit lint lint-workflows compile images browser cluster-build cluster-up cluster-down clean
+.PHONY: setup demo test unit lint lint-workflows compile images browser cluster-build cluster-up cluster-status cluster-down clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,12 +58,18 @@ browser:
 compile: setup
 	$(VENV)/bin/kfp-trainer compile
 
-# Builds the test control plane from Go modules (cached outside the repo after the first time).
+# Builds the test control plane (Kubernetes, etcd, KWOK, the Trainer and JobSet controllers)
+# from Go modules; cached outside the repo after the first time.
 cluster-build:
 	bash hack/k8s/build.sh
 
+# A test cluster with the real Trainer and JobSet controllers, left running for kubectl
+# (docs/controlplane.md). FEATURE_GATES=TrainJobStatus=true turns on controller feature gates.
 cluster-up: setup cluster-build
-	$(PY) hack/k8s/cluster.py up
+	$(PY) hack/k8s/cluster.py up $(if $(FEATURE_GATES),--feature-gates $(FEATURE_GATES))
+
+cluster-status: setup
+	$(PY) hack/k8s/cluster.py status
 
 cluster-down: setup
 	$(PY) hack/k8s/cluster.py down
@@ -71,7 +77,7 @@ cluster-down: setup
 unit: setup
 	$(PY) -m pytest --doctest-modules kfp_trainer tests/unit
 
-test: setup lint cluster-build
+test: setup lint browser cluster-build
 	$(PY) -m pytest --doctest-modules kfp_trainer tests
 
 clean:

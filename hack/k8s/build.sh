@@ -1,105 +1,174 @@
 #!/usr/bin/env bash
-# Build the test control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok, kwokctl) from Go modules into a cache directory keyed by
-# the versions.  Skips everything when all binaries are already there.
+# Build the test control plane from Go modules into cache directories keyed by the
+# versions: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and
+# kwokctl into one, and our controllers binary (the real Kubeflow Trainer and JobSet
+# controllers, hack/k8s/controllers) into another, keyed also by a digest of its
+# sources. Skips everything that is already there.
 #
-#   hack/k8s/build.sh            # build if missing, print the bin dir on the last line
-#   hack/k8s/build.sh --print    # only print the bin dir (exit 1 if incomplete)
-#   hack/k8s/build.sh --force    # rebuild
+#   hack/k8s/build.sh            # build what is missing; print the bin dirs (see below)
+#   hack/k8s/build.sh --print    # only print them (exit 1 if anything is missing)
+#   hack/k8s/build.sh --force    # rebuild everything
+#
+# Output (stdout): a line CONTROLLERS_BIN=<path of the controllers binary>, then the
+# directory of the Kubernetes/etcd/kwok binaries as the last line.
+#
+# The modules build side by side (the Kubernetes build is the long one; the others
+# fill the gaps in its compile and link steps); KFP_TRAINER_BUILD_JOBS=1 builds one
+# after the other.
 #
 # Environment:
-#   KFP_TRAINER_CACHE   cache root (default: $HOME/.cache/kfp-trainer)
-#   KFP_TRAINER_NICE    niceness for the compiler (default: 10)
+#   KFP_TRAINER_CACHE       cache root (default: $HOME/.cache/kfp-trainer)
+#   KFP_TRAINER_NICE        niceness for the compiler (default: 10)
+#   KFP_TRAINER_BUILD_JOBS  1: build the modules one after the other (default: in parallel)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
-# Keep in sync with hack/k8s/{kube,etcd,kwok}/go.mod and hack/k8s/cluster.py.
+# Keep in sync with hack/k8s/{kube,etcd,kwok,controllers}/go.mod and hack/k8s/cluster/.
 K8S_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
+TRAINER_VERSION=v2.3.0
+JOBSET_VERSION=v0.12.0
 
 CACHE_ROOT="${KFP_TRAINER_CACHE:-$HOME/.cache/kfp-trainer}"
 BIN_DIR="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION/bin"
 BINARIES=(etcd etcdctl kube-apiserver kube-controller-manager kube-scheduler kwok kwokctl)
+
+ctrl_digest() {
+  (cd "$HERE/controllers" && cat go.mod go.sum ./*.go) | sha256sum | cut -c1-12
+}
+CTRL_DIR="$CACHE_ROOT/controllers-trainer-$TRAINER_VERSION-jobset-$JOBSET_VERSION-$(ctrl_digest)/bin"
+CTRL_BIN="$CTRL_DIR/controllers"
 
 all_present() {
   local b
   for b in "${BINARIES[@]}"; do
     [[ -x "$BIN_DIR/$b" ]] || return 1
   done
+  [[ -x "$CTRL_BIN" ]]
+}
+
+report() {
+  echo "CONTROLLERS_BIN=$CTRL_BIN"
+  echo "$BIN_DIR"
 }
 
 mode="${1:-build}"
 case "$mode" in
   --print)
-    if all_present; then echo "$BIN_DIR"; exit 0; fi
-    echo "$BIN_DIR"; exit 1 ;;
-  --force) rm -rf "$BIN_DIR" ;;
+    report
+    all_present && exit 0
+    exit 1 ;;
+  --force) rm -rf "$BIN_DIR" "$CTRL_DIR" ;;
   build|"") ;;
   *) echo "usage: $0 [--print|--force]" >&2; exit 2 ;;
 esac
 
 if all_present; then
   echo "control plane binaries present" >&2
-  echo "$BIN_DIR"
+  report
   exit 0
 fi
 
-command -v go >/dev/null || { echo "go not found in PATH: cannot build the control plane" >&2; echo "$BIN_DIR"; exit 1; }
+command -v go >/dev/null || { echo "go not found in PATH: cannot build the control plane" >&2; report; exit 1; }
+
+# The wrappers must pin the versions this script names (the cache key).
+check_pin() { # <module dir> <module path> <version>
+  grep -Eq "^[[:space:]]*(require[[:space:]]+)?$2 $3( |$)" "$HERE/$1/go.mod" || {
+    echo "hack/k8s/$1/go.mod does not require $2 $3 (build.sh names that version)" >&2; exit 1; }
+}
+check_pin controllers github.com/kubeflow/trainer/v2 "$TRAINER_VERSION"
+check_pin controllers sigs.k8s.io/jobset "$JOBSET_VERSION"
+check_pin kwok sigs.k8s.io/kwok "$KWOK_VERSION"
 
 NICE="${KFP_TRAINER_NICE:-10}"
-mkdir -p "$BIN_DIR"
-# Build into a temporary directory and move the finished binaries in, so an
+mkdir -p "$BIN_DIR" "$CTRL_DIR"
+# Build into temporary directories and move the finished binaries in, so an
 # interrupted build never leaves a half-written binary behind.
-TMP_OUT="$(mktemp -d "$BIN_DIR/../.build.XXXXXX")"
-trap 'rm -rf "$TMP_OUT"' EXIT
+WORK="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
 
 export GOFLAGS="-trimpath -mod=readonly"
 export CGO_ENABLED=0
 
-gobuild() { # <module dir> <ldflags> <package>...
-  local dir="$1" ldflags="$2"; shift 2
-  echo "building in $dir: $*" >&2
-  (cd "$HERE/$dir" && nice -n "$NICE" go build -ldflags "$ldflags" -o "$TMP_OUT/" "$@")
+gobuild() { # <module dir> <out dir> <ldflags> <package>...
+  local dir="$1" out="$2" ldflags="$3"; shift 3
+  mkdir -p "$out"
+  (cd "$HERE/$dir" && nice -n "$NICE" go build -ldflags "$ldflags" -o "$out/" "$@")
 }
-
-start=$(date +%s)
 
 need() { local b; for b in "$@"; do [[ -x "$BIN_DIR/$b" ]] || return 0; done; return 1; }
 
-if need etcd etcdctl; then
-  gobuild etcd "-s -w" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3
+build_etcd() {
+  gobuild etcd "$WORK/etcd" "-s -w" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3
   # go names the server binary after its module path ("server").
-  mv "$TMP_OUT/server" "$TMP_OUT/etcd"
-fi
+  mv "$WORK/etcd/server" "$WORK/etcd/etcd"
+  mv -f "$WORK/etcd/"* "$BIN_DIR/"
+}
 
-if need kwok kwokctl; then
-  kv="${KWOK_VERSION#v}"
-  gobuild kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kv -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${K8S_VERSION#v}" \
+build_kwok() {
+  local kv="${KWOK_VERSION#v}"
+  gobuild kwok "$WORK/kwok" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kv -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${K8S_VERSION#v}" \
     sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
-fi
+  mv -f "$WORK/kwok/"* "$BIN_DIR/"
+}
 
-if need kube-apiserver kube-controller-manager kube-scheduler; then
-  minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-  vpkg=k8s.io/component-base/version
+build_kube() {
+  local minor="${K8S_VERSION#v1.}" vpkg=k8s.io/component-base/version ldf
+  minor="${minor%%.*}"
   ldf="-s -w -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor"
   ldf="$ldf -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
   # Also stamp the copy kube-apiserver uses for its compatibility version.
   ldf="$ldf -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-  gobuild kube "$ldf" \
+  gobuild kube "$WORK/kube" "$ldf" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
-fi
+  mv -f "$WORK/kube/"* "$BIN_DIR/"
+}
 
-for f in "$TMP_OUT"/*; do
-  [[ -e "$f" ]] || continue
-  mv -f "$f" "$BIN_DIR/"
+build_controllers() {
+  gobuild controllers "$WORK/controllers" "-s -w" .
+  mv -f "$WORK/controllers/controllers" "$CTRL_BIN"
+}
+
+jobs_to_run=()
+need etcd etcdctl && jobs_to_run+=(etcd)
+need kwok kwokctl && jobs_to_run+=(kwok)
+[[ -x "$CTRL_BIN" ]] || jobs_to_run+=(controllers)
+need kube-apiserver kube-controller-manager kube-scheduler && jobs_to_run+=(kube)
+
+start=$(date +%s)
+declare -A pids=()
+failed=()
+for j in "${jobs_to_run[@]}"; do
+  echo "building $j" >&2
+  if [[ "${KFP_TRAINER_BUILD_JOBS:-}" == 1 ]]; then
+    t=$(date +%s)
+    if "build_$j" >"$WORK/$j.log" 2>&1; then
+      echo "built $j in $(( $(date +%s) - t )) s" >&2
+    else
+      failed+=("$j")
+    fi
+  else
+    ( t=$(date +%s); "build_$j" >"$WORK/$j.log" 2>&1; rc=$?
+      [[ $rc == 0 ]] && echo "built $j in $(( $(date +%s) - t )) s" >&2; exit $rc ) &
+    pids[$j]=$!
+  fi
+done
+for j in "${!pids[@]}"; do
+  wait "${pids[$j]}" || failed+=("$j")
+done
+for j in "${failed[@]}"; do
+  echo "building $j failed:" >&2
+  tail -n 40 "$WORK/$j.log" >&2
 done
 
-if ! all_present; then
-  echo "build incomplete; missing in $BIN_DIR:" >&2
-  for b in "${BINARIES[@]}"; do [[ -x "$BIN_DIR/$b" ]] || echo "  $b" >&2; done
+if [[ ${#failed[@]} -gt 0 ]] || ! all_present; then
+  echo "build incomplete; missing:" >&2
+  for b in "${BINARIES[@]}"; do [[ -x "$BIN_DIR/$b" ]] || echo "  $BIN_DIR/$b" >&2; done
+  [[ -x "$CTRL_BIN" ]] || echo "  $CTRL_BIN" >&2
+  report
   exit 1
 fi
 echo "built in $(( $(date +%s) - start )) s" >&2
-echo "$BIN_DIR"
+report

@@ -73,8 +73,9 @@ class Front:
             if st and st.terminated:
                 return "terminated", cs.container_id, st.terminated.reason
             if st and st.waiting:
-                # Waiting after a crash: the previous instance has a log.
-                return "waiting", cs.container_id, st.waiting.reason or "ContainerCreating"
+                # Waiting after a crash (CrashLoopBackOff): the crashed instance has a log.
+                last = cs.last_state.terminated if cs.last_state else None
+                return "waiting", last.container_id if last else None, st.waiting.reason or "ContainerCreating"
             return "waiting", None, "ContainerCreating"
         return "waiting", None, "ContainerCreating"
 
@@ -179,6 +180,12 @@ def make_handler(front: Front):
                 return self._error(500, f"kubelet front: {e}")
             if state == "waiting" and cid is None:
                 return self._error(400, f'container "{container}" in pod "{pod}" is waiting to start: {reason}')
+            if state == "waiting":
+                # Between a crash and the restart a kubelet serves the crashed instance's log,
+                # which the log files keep as the previous one by then.
+                q.pop("follow", None)
+                q["previous"] = ["true"]
+                return self._proxy(u.path + "?" + urllib.parse.urlencode(q, doseq=True))
             if not follow or state != "running":
                 q.pop("follow", None)
                 path = u.path + ("?" + urllib.parse.urlencode(q, doseq=True) if q else "")

@@ -1,13 +1,18 @@
-"""Fixtures for the integration tests: a real control plane (hack/k8s/cluster.py)
-and the trainer simulator (tests/integration/simulator.py).
+"""Fixtures for the integration tests: the test control plane (hack/k8s/testcluster) with
+the real Kubeflow Trainer and JobSet controllers, pods played by KWOK.
 
-* ``cluster`` (session): builds the binaries if needed, starts the cluster,
-  yields it (``.kubeconfig``, ``.server``, ``.api_client()``), deletes it at the end.
-  When the binaries cannot be had, the tests fail under CI (``CI=true``) and are
-  skipped otherwise, with the reason.
+* ``cluster`` (session): builds the binaries if needed, starts the cluster, yields the
+  ``TestCluster`` (``.kubeconfig``, ``.server``, ``.api_client()``, ...), deletes it at
+  the end. When the binaries cannot be had, the tests fail under CI (``CI=true``) and
+  are skipped otherwise, with the reason. Feature gates of the controllers come from
+  ``KFP_TRAINER_FEATURE_GATES`` (``TrainJobStatus=true``); a test may switch them with
+  ``cluster.restart_controllers(feature_gates=...)``.
 * ``namespace`` (function): a fresh namespace, deleted afterwards.
-* ``trainer_sim`` (function view of one session-wide simulator): script TrainJobs
-  with ``trainer_sim.script(name, Script(...))``; scripts are forgotten after each test.
+* What a pod does is scripted on the pod: ``PodScript(...).annotations()`` as the
+  launcher's ``pod_annotations`` (docs/controlplane.md, "Scripting pods").
+
+A failing test that used the cluster gets the tail of the controllers', kwok's and the
+pod scripting process's logs in its report.
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack" / "k8s"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import cluster as _cluster  # noqa: E402  (hack/k8s/cluster.py)
-from simulator import Script, TrainerSimulator  # noqa: E402,F401
+import testcluster  # noqa: E402  (hack/k8s/testcluster)
 
 _IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+_BUILD_ERROR: str | None = None
+_CLUSTER: testcluster.TestCluster | None = None
+# Component logs attached to a failing test's report (last lines of each).
+_REPORTED_LOGS = ("controllers", "podscript", "kwok-controller")
 
 
 def _unavailable(reason: str):
@@ -36,7 +44,16 @@ def _unavailable(reason: str):
     pytest.skip(f"integration control plane unavailable: {reason}")
 
 
-_BUILD_ERROR: str | None = None
+def _log_tails(c: testcluster.TestCluster, names=None, lines: int = 20) -> str:
+    tails = []
+    for name, path in sorted(c.component_logs().items()):
+        if names is not None and name not in names:
+            continue
+        try:
+            tails.append(f"--- {name} ({path})\n" + "".join(path.read_text(errors="replace").splitlines(True)[-lines:]))
+        except OSError:
+            pass
+    return "\n".join(tails)
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -58,41 +75,45 @@ def pytest_collection_modifyitems(session, config, items):
             pass
 
     try:
-        _cluster.bin_dir(build=True, log=_Progress())
-    except _cluster.BinariesUnavailable as e:
+        testcluster.binaries(build=True, log=_Progress())
+    except testcluster.BinariesUnavailable as e:
         _BUILD_ERROR = str(e)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _CLUSTER is not None and "cluster" in getattr(item, "fixturenames", ()):
+        report.sections.append(("control plane logs", _log_tails(_CLUSTER, _REPORTED_LOGS)))
 
 
 @pytest.fixture(scope="session")
 def cluster():
+    global _CLUSTER
     if _BUILD_ERROR is not None:
         _unavailable(_BUILD_ERROR)
     verbose = os.environ.get("KFP_TRAINER_CLUSTER_VERBOSE", "") == "1"
     reuse = os.environ.get("KFP_TRAINER_REUSE_CLUSTER", "") in ("1", "true", "yes")
     # Without reuse every session runs its own cluster (<name>-<pid>), so parallel sessions
     # never delete each other's; clusters of dead sessions are removed on start.
-    c = _cluster.TestCluster(verbose=verbose, reuse=reuse, unique=not reuse)
+    c = testcluster.TestCluster(verbose=verbose, reuse=reuse, unique=not reuse)
     try:
         c.start(build=True)
-    except _cluster.BinariesUnavailable as e:
+    except testcluster.BinariesUnavailable as e:
         _unavailable(str(e))
-    except _cluster.ClusterError as e:
+    except testcluster.ClusterError as e:
         # A cluster that does not come up is a failure, not a skip: the binaries exist.
-        logs = c.component_logs()
-        tails = []
-        for name, path in sorted(logs.items()):
-            try:
-                tails.append(f"--- {name}\n" + "".join(path.read_text(errors="replace").splitlines(True)[-20:]))
-            except OSError:
-                pass
-        with_logs = "\n".join(tails)
+        with_logs = _log_tails(c)
         try:
             c.stop()
         finally:
             pytest.fail(f"test cluster failed to start: {e}\n{with_logs}", pytrace=False)
+    _CLUSTER = c
     try:
         yield c
     finally:
+        _CLUSTER = None
         if not c.reuse:
             c.stop()
 
@@ -127,25 +148,3 @@ def namespace(cluster, api_client):
     except client.ApiException as e:
         if e.status != 404:
             raise
-
-
-@pytest.fixture(scope="session")
-def _trainer_sim_session(cluster):
-    client = cluster.api_client()
-    sim = TrainerSimulator(client, cluster.logs_dir, kwok_port=cluster.kwok_port).start()
-    try:
-        yield sim
-    finally:
-        sim.stop()
-        client.close()
-
-
-@pytest.fixture
-def trainer_sim(_trainer_sim_session):
-    sim = _trainer_sim_session
-    sim.reset()
-    yield sim
-    sim.reset()
-    errors, sim.errors[:] = list(sim.errors), []
-    if errors:
-        pytest.fail("trainer simulator errors:\n" + "\n".join(errors), pytrace=False)

@@ -1,13 +1,13 @@
-"""The launcher and the Kubernetes backend against a real API server with the Trainer CRDs.
-
-The trainer simulator (tests/integration/simulator.py) plays the Trainer + JobSet
-controllers; everything the launcher does goes through the real kube-apiserver.
+"""The launcher and the Kubernetes backend against the test control plane: a real API
+server with the real Trainer and JobSet controllers and webhooks; what the pods do is
+scripted on them (``PodScript`` annotations through the launcher's ``pod_annotations``).
 """
 
 from __future__ import annotations
 
 import copy
 import io
+import json
 import os
 import signal
 import subprocess
@@ -18,9 +18,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from helpers import wait_for
 from kubernetes import client, config
-from simulator import Script
 from tcp_proxy import TcpProxy
+from testcluster import PodScript
 
 from kfp_trainer import spec
 from kfp_trainer.backends.base import JobRef, Phase
@@ -83,15 +84,19 @@ def backend_for(api, namespace: str, **kw) -> KubernetesBackend:
     return KubernetesBackend(api, namespace=namespace, watch_timeout=kw.pop("watch_timeout", 5), **kw)
 
 
-def launch(api, inp: TrainJobInputs, sim=None, script: Script | None = None, *, backend=None, **options):
+def scripted(inp: TrainJobInputs, script: PodScript | None) -> TrainJobInputs:
+    """``inp`` whose trainer pods act out ``script``."""
+    if script is None:
+        return inp
+    return inp.model_copy(update={"pod_annotations": {**inp.pod_annotations, **script.annotations()}})
+
+
+def launch(api, inp: TrainJobInputs, script: PodScript | None = None, *, backend=None, **options):
     backend = backend or backend_for(api, inp.namespace)
     out = io.StringIO()
     launcher = Launcher(backend, LaunchOptions(**{"blocker_check_interval": 1.0, **options}), out=out)
-    if sim is not None and script is not None:
-        manifest, _, _ = launcher.prepare(inp)
-        sim.script(manifest["metadata"]["name"], script)
     try:
-        return launcher.run(inp), out.getvalue()
+        return launcher.run(scripted(inp, script)), out.getvalue()
     except Exception as e:
         e.output = out.getvalue()  # type: ignore[attr-defined]
         raise
@@ -110,69 +115,112 @@ def list_trainjobs(api, namespace: str) -> list[dict]:
     return client.CustomObjectsApi(api).list_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, spec.PLURAL)["items"]
 
 
-def wait_for(predicate, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+def relayed(out: str) -> list[str]:
+    """The log lines the launcher relayed (its own messages left out)."""
+    return [line for line in out.splitlines() if not line.startswith("[kfp-trainer]") and not line.startswith("  ")]
+
+
+def runtime_with(name: str, namespace: str, restart_policy: str | None = None, backoff_limit: int | None = None) -> dict:
+    """A namespaced TrainingRuntime like torch-distributed, with the given pod restart
+    policy and Job backoff limit."""
+    job_spec: dict = {"template": {"spec": {"containers": [{"name": "node", "image": "pytorch/pytorch"}]}}}
+    if restart_policy:
+        job_spec["template"]["spec"]["restartPolicy"] = restart_policy
+    if backoff_limit is not None:
+        job_spec["backoffLimit"] = backoff_limit
+    return {
+        "apiVersion": f"{spec.GROUP}/{spec.VERSION}",
+        "kind": "TrainingRuntime",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": "node",
+                            "template": {
+                                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                                "spec": job_spec,
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
+def set_runtime_script(api, namespace: str, name: str, script: PodScript) -> None:
+    """Script the pods of every later TrainJob on runtime ``name`` (inputs stay the same)."""
+    co = client.CustomObjectsApi(api)
+    rt = co.get_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, "trainingruntimes", name)
+    tmpl = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    tmpl.setdefault("metadata", {})["annotations"] = script.annotations()
+    co.replace_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, "trainingruntimes", name, rt)
 
 
 # ----------------------------------------------------------------------------- rendering vs storage
 
 
-def test_stored_trainjob_equals_the_rendered_manifest(api_client, namespace, trainer_sim):
+def test_stored_trainjob_equals_the_rendered_manifest(api_client, namespace):
     backend = backend_for(api_client, namespace)
     launcher = Launcher(backend, out=io.StringIO())
-    manifest, api_version, _ = launcher.prepare(inputs(namespace, **FULL))
+    full = {k: v for k, v in FULL.items() if k not in ("dataset_uri", "dataset_secret", "model_uri", "model_secret")}
+    manifest, api_version, _ = launcher.prepare(scripted(inputs(namespace, **full), PodScript(exit_delay=float("inf"))))
     assert api_version == "v2.2"
-    trainer_sim.script(manifest["metadata"]["name"], Script(outcome="run_forever"))
     submission = backend.submit(manifest)
     try:
         stored = get_trainjob(api_client, namespace, submission.ref.name)
         assert stored["metadata"]["labels"] == manifest["metadata"]["labels"]
         assert stored["metadata"]["annotations"] == manifest["metadata"]["annotations"]
-        # The only differences: the CRD's defaults.
-        assert stored["spec"] == {**manifest["spec"], "suspend": False, "managedBy": "trainer.kubeflow.org/trainjob-controller"}
+        # The only differences: the CRD's defaults, and what the Trainer's defaulting webhook
+        # writes back: the time of each runtime patch, quantities as strings.
+        patches = stored["spec"].pop("runtimePatches")
+        assert [p.pop("time") for p in patches] and patches == manifest["spec"]["runtimePatches"]
+        expected = copy.deepcopy({k: v for k, v in manifest["spec"].items() if k != "runtimePatches"})
+        expected["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] = "1"
+        assert stored["spec"] == {**expected, "suspend": False, "managedBy": "trainer.kubeflow.org/trainjob-controller"}
     finally:
         backend.delete(submission.ref)
 
 
+VARIANTS = [
+    {},
+    {k: v for k, v in FULL.items() if k not in ("dataset_uri", "dataset_secret", "model_uri", "model_secret")},
+    {**FULL, "runtime": "torchtune-qwen2.5-1.5b", "num_nodes": 1, "pod_targets": ["dataset-initializer", "model-initializer"]},
+    {"active_deadline_seconds": 600, "suspend": True},
+    {
+        "runtime": "torchtune-qwen2.5-1.5b",
+        "pod_targets": ["dataset-initializer", "model-initializer"],
+        "volume_mounts": [{"name": "initializer", "mountPath": "/workspace"}],
+        "node_selector": {"a": "b"},
+    },
+    {
+        "runtime": "mlx-distributed",
+        "num_proc_per_node": 1,
+        "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+    },
+    {"patch": {"spec": {"managedBy": "trainer.kubeflow.org/trainjob-controller"}}},
+]
+
+
 @pytest.mark.parametrize("api_version", ["v2.2", "v2.1"])
-def test_strict_field_validation_accepts_every_rendered_manifest(cluster, api_client, namespace, api_version):
-    variants = [
-        {},
-        FULL,
-        {**FULL, "active_deadline_seconds": 600, "suspend": True},
-        {
-            "runtime": "torchtune-qwen2.5-1.5b",
-            "pod_targets": ["dataset-initializer", "model-initializer"],
-            "volume_mounts": [{"name": "initializer", "mountPath": "/workspace"}],
-            "node_selector": {"a": "b"},
-        },
-        {
-            "runtime": "mlx-distributed",
-            "num_proc_per_node": 1,
-            "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
-        },
-        {"patch": {"spec": {"managedBy": "trainer.kubeflow.org/trainjob-controller"}}},
-    ]
+def test_the_schema_and_the_trainer_webhooks_accept_every_rendered_manifest(cluster, api_client, namespace, api_version):
+    """Server-side dry runs go through the CRD schema (strict field validation) and the
+    real Trainer webhooks (defaulting and validation against the named runtime)."""
     custom = client.CustomObjectsApi(api_client)
 
     def check(crd_version: str) -> None:
         backend = backend_for(api_client, namespace)
         assert backend.detect_api_version() == crd_version
-        for i, variant in enumerate(variants):
+        for i, variant in enumerate(VARIANTS):
             variant = dict(variant)
             if crd_version == "v2.1":
                 variant.pop("active_deadline_seconds", None)
-            m = spec.render(
-                inputs(namespace, task=f"v{i}", **variant),
-                api_version=crd_version,
-                runtime_jobs=["dataset-initializer", "model-initializer", "node", "launcher"],
-            )
+            runtime = variant.get("runtime", "torch-distributed")
+            jobs = backend.resolve_runtime(inputs(namespace, runtime=runtime)).job_names
+            m = spec.render(inputs(namespace, task=f"v{i}", **variant), api_version=crd_version, runtime_jobs=jobs)
             custom.create_namespaced_custom_object(
                 spec.GROUP, spec.VERSION, namespace, spec.PLURAL, m, field_validation="Strict", dry_run="All"
             )
@@ -211,27 +259,11 @@ def test_missing_runtime_lists_the_available_ones_and_creates_nothing(api_client
     assert list_trainjobs(api_client, namespace) == []
 
 
-def test_namespaced_runtime_is_found_in_the_job_namespace(api_client, namespace, trainer_sim):
-    runtime = {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainingRuntime",
-        "metadata": {"name": "team-torch", "namespace": namespace, "labels": {"trainer.kubeflow.org/framework": "torch"}},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {"spec": {"template": {"spec": {"containers": [{"name": "node", "image": "busybox"}]}}}},
-                        }
-                    ]
-                }
-            },
-        },
-    }
-    client.CustomObjectsApi(api_client).create_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, "trainingruntimes", runtime)
-    outcome, _ = launch(api_client, inputs(namespace, runtime="team-torch", runtime_kind="TrainingRuntime"), trainer_sim, Script())
+def test_namespaced_runtime_is_found_in_the_job_namespace(api_client, namespace):
+    client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        spec.GROUP, spec.VERSION, namespace, "trainingruntimes", runtime_with("team-torch", namespace)
+    )
+    outcome, _ = launch(api_client, inputs(namespace, runtime="team-torch", runtime_kind="TrainingRuntime"))
     assert outcome.succeeded and outcome.runtime == "TrainingRuntime/team-torch"
 
 
@@ -244,65 +276,61 @@ def test_bad_input_fails_before_any_api_call(namespace):
 # ----------------------------------------------------------------------------- outcomes
 
 
-def test_success_streams_logs_and_parses_metrics(api_client, namespace, trainer_sim):
+def test_success_streams_logs_and_parses_metrics(api_client, namespace):
     lines = [f'{{"step": {i}, "loss": {1.0 / i:.3f}}}' for i in range(1, 9)] + ["done"]
-    outcome, out = launch(api_client, inputs(namespace), trainer_sim, Script.success(lines, line_delay=0.05))
+    outcome, out = launch(api_client, inputs(namespace), PodScript(lines=lines))
     assert outcome.succeeded and outcome.reason == "AllJobsCompleted"
-    body = [line for line in out.splitlines() if not line.startswith("[kfp-trainer]") and not line.startswith("  ")]
-    assert body == lines
+    assert relayed(out) == lines
     assert outcome.metrics.final() == {"loss": 0.125} and outcome.metrics.best() == {"loss": 0.125}
     assert len(outcome.metrics.series("loss")) == 8
     assert get_trainjob(api_client, namespace, outcome.ref.name) is not None  # kept by default
 
 
-def test_all_nodes_logs_are_prefixed(api_client, namespace, trainer_sim):
-    outcome, out = launch(api_client, inputs(namespace, num_nodes=2), trainer_sim, Script.success(["a", "b"]), logs="all")
+def test_all_nodes_logs_are_prefixed(api_client, namespace):
+    outcome, out = launch(api_client, inputs(namespace, num_nodes=2), PodScript(lines=["a", "b"]), logs="all")
     assert outcome.succeeded
     for node in (0, 1):
         assert [line for line in out.splitlines() if line.startswith(f"[node-{node}] ")] == [f"[node-{node}] a", f"[node-{node}] b"]
 
 
-def test_logs_survive_container_restarts_without_loss_or_repeats(api_client, namespace, trainer_sim):
+def test_logs_survive_container_restarts_without_loss_or_repeats(api_client, namespace):
     lines = [f"line {i}" for i in range(6)]
-    outcome, out = launch(
-        api_client, inputs(namespace), trainer_sim, Script.restarting(lines, restarts=[2, 4], line_delay=0.8, restart_delay=1.0)
-    )
+    script = PodScript(lines=lines, line_delay=0.8, crashes=2, crash_after=[2, 4], crash_backoff=1.0)
+    outcome, out = launch(api_client, inputs(namespace), script)
     assert outcome.succeeded
     body = [line for line in out.splitlines() if line.startswith("line ")]
     assert body == lines[:2] + lines[:4] + lines
 
 
-def test_failure_carries_reason_failed_pod_and_log_tail(api_client, namespace, trainer_sim):
-    script = Script.failure(
-        ["loading shards", "RuntimeError: CUDA error: out of memory"],
-        reason="FailedJobs",
-        message="jobset failed due to failed job node",
-        exit_code=137,
+def test_failure_carries_reason_failed_pod_and_log_tail(api_client, namespace):
+    """A runtime whose pods are not restarted (restartPolicy Never, backoffLimit 0): the
+    failed pod stays, with its exit code and log, when the Job fails."""
+    client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        spec.GROUP, spec.VERSION, namespace, "trainingruntimes", runtime_with("no-retry", namespace, "Never", 0)
     )
+    script = PodScript(lines=["loading shards", "RuntimeError: CUDA error: out of memory"], exit_code=137)
     with pytest.raises(JobFailedError) as info:
-        launch(api_client, inputs(namespace), trainer_sim, script)
+        launch(api_client, inputs(namespace, runtime="no-retry", runtime_kind="TrainingRuntime"), script)
     message = str(info.value)
-    assert "FailedJobs" in message and "jobset failed due to failed job node" in message
+    assert "FailedJobs" in message and "jobset failed due to one or more job failures" in message
     assert "RuntimeError: CUDA error: out of memory" in message.split("Last 40 log lines", 1)[1]
     assert "exit 137" in message and "-node-0-0-" in message
     assert "kubectl get trainjob" in message
 
 
-def test_deadline_exceeded_is_reported(api_client, namespace, trainer_sim):
-    script = Script.failure(["step 1"], reason="DeadlineExceeded", message="TrainJob exceeded its activeDeadlineSeconds")
-    with pytest.raises(JobFailedError, match="DeadlineExceeded: TrainJob exceeded its activeDeadlineSeconds"):
-        launch(api_client, inputs(namespace, active_deadline_seconds=5), trainer_sim, script)
+def test_deadline_exceeded_is_reported(api_client, namespace):
+    script = PodScript(lines=["step 1"], exit_delay=float("inf"))
+    with pytest.raises(JobFailedError, match="DeadlineExceeded: TrainJob exceeded its active deadline"):
+        launch(api_client, inputs(namespace, active_deadline_seconds=3), script)
 
 
 # ----------------------------------------------------------------------------- adopt / replace / conflicts
 
 
-def test_retry_adopts_the_running_job_without_a_duplicate(api_client, namespace, trainer_sim):
-    inp = inputs(namespace)
+def test_retry_adopts_the_running_job_without_a_duplicate(api_client, namespace):
+    inp = scripted(inputs(namespace), PodScript(lines=[f"line {i}" for i in range(20)], line_delay=0.1))
     backend = backend_for(api_client, namespace)
-    launcher = Launcher(backend, out=io.StringIO())
-    manifest, _, _ = launcher.prepare(inp)
-    trainer_sim.script(manifest["metadata"]["name"], Script.success([f"line {i}" for i in range(20)], line_delay=0.1))
+    manifest, _, _ = Launcher(backend, out=io.StringIO()).prepare(inp)
     first = backend.submit(manifest)  # the first try dies right after creating its job
     outcome, out = launch(api_client, inp)  # the retry
     assert outcome.adopted and outcome.ref.uid == first.ref.uid and outcome.succeeded
@@ -310,12 +338,18 @@ def test_retry_adopts_the_running_job_without_a_duplicate(api_client, namespace,
     assert len(list_trainjobs(api_client, namespace)) == 1
 
 
-def test_retry_replaces_its_own_failed_job(api_client, namespace, trainer_sim):
-    inp = inputs(namespace)
+def test_retry_replaces_its_own_failed_job(api_client, namespace):
+    # The same inputs twice; the runtime (scripted by the test) fails the first time only.
+    client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        spec.GROUP, spec.VERSION, namespace, "trainingruntimes", runtime_with("flaky", namespace, "Never", 0)
+    )
+    inp = inputs(namespace, runtime="flaky", runtime_kind="TrainingRuntime")
+    set_runtime_script(api_client, namespace, "flaky", PodScript(lines=["boom"], exit_code=1))
     with pytest.raises(JobFailedError):
-        launch(api_client, inp, trainer_sim, Script.failure(["boom"]))
+        launch(api_client, inp)
     first_uid = list_trainjobs(api_client, namespace)[0]["metadata"]["uid"]
-    outcome, out = launch(api_client, inp, trainer_sim, Script())
+    set_runtime_script(api_client, namespace, "flaky", PodScript(lines=["fine"]))
+    outcome, out = launch(api_client, inp)
     assert outcome.replaced and outcome.succeeded and outcome.ref.uid != first_uid
     assert "replaced failed TrainJob" in out
     assert [j["metadata"]["uid"] for j in list_trainjobs(api_client, namespace)] == [outcome.ref.uid]
@@ -333,10 +367,9 @@ def test_a_job_of_another_task_is_not_adopted(api_client, namespace):
 # ----------------------------------------------------------------------------- watch robustness
 
 
-def test_watch_relists_on_410_gone(api_client, namespace, trainer_sim):
+def test_watch_relists_on_410_gone(api_client, namespace):
     backend = backend_for(api_client, namespace)
-    manifest = spec.render(inputs(namespace))
-    trainer_sim.script(manifest["metadata"]["name"], Script.success(["x"], start_delay=1.0))
+    manifest = spec.render(scripted(inputs(namespace), PodScript(lines=["x"], start_delay=1.0)))
     ref = backend.submit(manifest).ref
     # resourceVersion "1" is older than anything the watch cache holds: the server answers 410.
     seen = []
@@ -348,7 +381,7 @@ def test_watch_relists_on_410_gone(api_client, namespace, trainer_sim):
     assert seen[-1] is Phase.SUCCEEDED
 
 
-def test_launcher_survives_forced_disconnects(cluster, namespace, trainer_sim):
+def test_launcher_survives_forced_disconnects(cluster, namespace):
     server = urlparse(cluster.server)
     proxy = TcpProxy(server.hostname, server.port)
     configuration = client.Configuration()
@@ -356,7 +389,6 @@ def test_launcher_survives_forced_disconnects(cluster, namespace, trainer_sim):
     configuration.host = f"https://127.0.0.1:{proxy.port}"
     api = client.ApiClient(configuration)
     lines = [f"line {i:02d}" for i in range(40)]
-    inp = inputs(namespace)
     cutter_stop = threading.Event()
 
     def cutter():
@@ -365,7 +397,7 @@ def test_launcher_survives_forced_disconnects(cluster, namespace, trainer_sim):
 
     threading.Thread(target=cutter, daemon=True).start()
     try:
-        outcome, out = launch(api, inp, trainer_sim, Script.success(lines, line_delay=0.1))
+        outcome, out = launch(api, inputs(namespace), PodScript(lines=lines, line_delay=0.1))
     finally:
         cutter_stop.set()
         proxy.close()
@@ -377,58 +409,72 @@ def test_launcher_survives_forced_disconnects(cluster, namespace, trainer_sim):
 # ----------------------------------------------------------------------------- cannot start, limits, cancel
 
 
-def test_never_starting_job_is_reported_within_its_grace_and_deleted(api_client, namespace, trainer_sim):
+def test_never_starting_job_is_reported_within_its_grace_and_deleted(api_client, namespace):
+    # No JobSet may be created in this namespace: the Trainer controller reports that on the TrainJob.
+    client.CoreV1Api(api_client).create_namespaced_resource_quota(
+        namespace, {"metadata": {"name": "no-jobsets"}, "spec": {"hard": {"count/jobsets.jobset.x-k8s.io": "0"}}}
+    )
     started = time.monotonic()
     with pytest.raises(CannotStartError, match="TrainJobResourcesCreationFailed") as info:
-        launch(
-            api_client,
-            inputs(namespace),
-            trainer_sim,
-            Script.never_starting("failed to build JobSet: quota exceeded"),
-            fatal_blocker_grace=3,
-        )
+        launch(api_client, inputs(namespace), fatal_blocker_grace=3)
     assert time.monotonic() - started < 30
-    assert "quota exceeded" in str(info.value)
+    assert "exceeded quota: no-jobsets" in str(info.value)
     wait_for(lambda: list_trainjobs(api_client, namespace) == [], what="TrainJob deleted")
 
 
-def test_unschedulable_pods_are_reported_after_the_blocker_grace(api_client, namespace, trainer_sim):
+def test_unschedulable_pods_are_reported_after_the_blocker_grace(api_client, namespace):
     with pytest.raises(CannotStartError, match="Unschedulable") as info:
-        launch(api_client, inputs(namespace), trainer_sim, Script.unschedulable_forever(), blocker_grace=4)
-    assert "node(s) didn't match" in str(info.value) or "nodes are available" in str(info.value)
+        launch(api_client, inputs(namespace, node_selector={"kfp-trainer.test/nowhere": "true"}), blocker_grace=4)
+    assert "node(s) didn't match" in str(info.value)
     wait_for(lambda: list_trainjobs(api_client, namespace) == [], what="TrainJob deleted")
 
 
-def test_slow_scheduling_within_the_grace_still_succeeds(api_client, namespace, trainer_sim):
+def test_slow_scheduling_within_the_grace_still_succeeds(api_client, namespace):
+    label = f"kfp-trainer.test/{namespace}"
     backend = backend_for(api_client, namespace, watch_timeout=1)
-    script = Script.slow_scheduling(5, lines=["ok"])
-    outcome, out = launch(api_client, inputs(namespace), trainer_sim, script, backend=backend, blocker_grace=60)
-    assert outcome.succeeded and "not starting yet: Unschedulable" in out
+    inp = scripted(inputs(namespace, node_selector={label: "yes"}), PodScript(lines=["ok"]))
+    launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0, blocker_grace=60), out=io.StringIO())
+    core = client.CoreV1Api(api_client)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
+    thread.start()
+    try:
+        # Once the launcher said the pod cannot be scheduled, a node gets the label.
+        wait_for(lambda: "not starting yet: Unschedulable" in launcher.out.getvalue(), 30, what="unschedulable reported")  # type: ignore[attr-defined]
+        core.patch_node("kwok-cpu-0", {"metadata": {"labels": {label: "yes"}}})
+        thread.join(90)
+    finally:
+        core.patch_node("kwok-cpu-0", {"metadata": {"labels": {label: None}}})
+    assert result["outcome"].succeeded
+    assert relayed(launcher.out.getvalue()) == ["ok"]  # type: ignore[attr-defined]
 
 
-def test_start_timeout_deletes_the_job(api_client, namespace, trainer_sim):
+def test_start_timeout_deletes_the_job(api_client, namespace):
     with pytest.raises(TimeLimitError, match="did not start within start_timeout=3s"):
-        launch(api_client, inputs(namespace), trainer_sim, Script.unschedulable_forever(), start_timeout=3, blocker_grace=600)
+        launch(api_client, inputs(namespace, node_selector={"kfp-trainer.test/nowhere": "true"}), start_timeout=3, blocker_grace=600)
     wait_for(lambda: list_trainjobs(api_client, namespace) == [], what="TrainJob deleted")
 
 
-def test_run_timeout_deletes_the_job(api_client, namespace, trainer_sim):
+def test_run_timeout_deletes_the_job(api_client, namespace):
     with pytest.raises(TimeLimitError, match="ran longer than run_timeout=3s"):
-        launch(api_client, inputs(namespace), trainer_sim, Script(outcome="run_forever"), run_timeout=3)
+        launch(api_client, inputs(namespace), PodScript(exit_delay=float("inf")), run_timeout=3)
     wait_for(lambda: list_trainjobs(api_client, namespace) == [], what="TrainJob deleted")
 
 
-def test_delete_after_success_removes_the_job_and_its_pods(api_client, namespace, trainer_sim):
-    outcome, _ = launch(api_client, inputs(namespace), trainer_sim, Script(), delete_after_success=True)
+def test_delete_after_success_removes_the_job_and_its_pods(api_client, namespace):
+    outcome, _ = launch(api_client, inputs(namespace), delete_after_success=True)
     assert outcome.succeeded and get_trainjob(api_client, namespace, outcome.ref.name) is None
+    wait_for(lambda: not client.CoreV1Api(api_client).list_namespaced_pod(namespace).items, what="pods deleted")
 
 
-def test_sigterm_cancels_and_deletes_the_job(cluster, api_client, namespace, trainer_sim):
-    args = ["--runtime", "torch-distributed", "--run-id", f"cancel-{time.time_ns()}", "--task-name", "train", "--namespace", namespace]
-    name = spec.render(TrainJobInputs(runtime="torch-distributed", run_id=args[3], task_name="train", namespace=namespace))["metadata"][
-        "name"
-    ]
-    trainer_sim.script(name, Script(lines=["training..."], outcome="run_forever"))
+def test_sigterm_cancels_and_deletes_the_job(cluster, api_client, namespace):
+    annotations = PodScript(lines=["training..."], exit_delay=float("inf")).annotations()
+    run_id = f"cancel-{time.time_ns()}"
+    args = ["--runtime", "torch-distributed", "--run-id", run_id, "--task-name", "train", "--namespace", namespace]
+    args += ["--pod-annotations", json.dumps(annotations)]
+    name = spec.render(
+        TrainJobInputs(runtime="torch-distributed", run_id=run_id, task_name="train", namespace=namespace, pod_annotations=annotations)
+    )["metadata"]["name"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "kfp_trainer.cli", "launch", "--kubeconfig", cluster.kubeconfig, *args],
         stdout=subprocess.PIPE,
@@ -451,24 +497,26 @@ def test_sigterm_cancels_and_deletes_the_job(cluster, api_client, namespace, tra
     assert proc.returncode == CancelledError.exit_code, output
     assert f"deleting TrainJob {namespace}/{name}" in output
     assert get_trainjob(api_client, namespace, name) is None
-    # The Jobs the TrainJob owned are garbage-collected after it.
+    # The JobSet, its Jobs and their pods are garbage-collected after it.
     batch = client.BatchV1Api(api_client)
     wait_for(lambda: not batch.list_namespaced_job(namespace).items, what="owned Jobs garbage-collected")
+    wait_for(lambda: not client.CoreV1Api(api_client).list_namespaced_pod(namespace).items, what="pods garbage-collected")
 
 
-def test_suspended_job_is_reported_and_waits(api_client, namespace, trainer_sim):
+def test_suspended_job_is_reported_and_waits(api_client, namespace):
     backend = backend_for(api_client, namespace)
-    inp = inputs(namespace, suspend=True)
+    inp = scripted(inputs(namespace, suspend=True), PodScript(lines=["resumed"]))
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0), out=io.StringIO())
     manifest, _, _ = launcher.prepare(inp)
-    trainer_sim.script(manifest["metadata"]["name"], Script.success(["resumed"]))
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
     thread.start()
     custom = client.CustomObjectsApi(api_client)
     wait_for(lambda: "suspended" in launcher.out.getvalue(), what="suspension reported")  # type: ignore[attr-defined]
+    assert not client.CoreV1Api(api_client).list_namespaced_pod(namespace).items
     patch = copy.deepcopy({"spec": {"suspend": False}})
     custom.patch_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, spec.PLURAL, manifest["metadata"]["name"], patch)
     thread.join(60)
     assert result["outcome"].succeeded
     assert JobRef(namespace, manifest["metadata"]["name"]).name == result["outcome"].ref.name
+    assert relayed(launcher.out.getvalue())[-1:] == ["resumed"]  # type: ignore[attr-defined]

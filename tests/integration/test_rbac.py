@@ -10,6 +10,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from testcluster import PodScript
 
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.spec import TrainJobInputs, render
@@ -160,7 +161,7 @@ def test_pipeline_runner_cannot_touch_other_namespaces_secrets_or_cluster_object
 
 
 def test_train_job_step_under_the_runner_account_passes_task_config_to_the_stored_trainjob(
-    runner, namespace, api_client, trainer_sim, tmp_path, monkeypatch
+    runner, namespace, api_client, tmp_path, monkeypatch
 ):
     from kfp import dsl
 
@@ -238,6 +239,7 @@ def test_train_job_step_under_the_runner_account_passes_task_config_to_the_store
         namespace=namespace,
         workspace_path=str(workspace),
         task_config=task_config,
+        pod_annotations=PodScript(lines=["epoch 1/2 loss=0.50", "epoch 2/2 loss=0.25"]).annotations(),
     )
     ns, name = handle.read_text().split("/")
     assert ns == namespace
@@ -253,4 +255,4 @@ def test_train_job_step_under_the_runner_account_passes_task_config_to_the_store
     assert pod["affinity"] == task_config.affinity
     assert pod["volumes"] == task_config.volumes
     assert pod["containers"] == [{"name": "node", "volumeMounts": task_config.volume_mounts}]
-    assert metrics.metadata["loss"] == 0.25  # the simulator's default log ends with "loss=0.25"
+    assert metrics.metadata["loss"] == 0.25  # the scripted log ends with "loss=0.25"

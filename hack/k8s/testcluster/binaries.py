@@ -1,0 +1,90 @@
+"""Where the control plane's binaries and manifests are, and building the binaries."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import threading
+from pathlib import Path
+from typing import TextIO
+
+HERE = Path(__file__).resolve().parent
+K8S_DIR = HERE.parent
+REPO = K8S_DIR.parent.parent
+BUILD_SH = K8S_DIR / "build.sh"
+
+KUBE_VERSION = "v1.36.3"
+
+
+class ClusterError(RuntimeError):
+    """The test cluster could not be started, used or stopped."""
+
+
+class BinariesUnavailable(ClusterError):
+    """The control plane binaries are missing and could not be built."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Binaries:
+    """The Kubernetes, etcd and kwok binaries (``bin_dir``) and the controllers binary."""
+
+    bin_dir: Path
+    controllers: Path
+
+    def __truediv__(self, name: str) -> Path:
+        return self.bin_dir / name
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KFP_TRAINER_CACHE") or Path.home() / ".cache" / "kfp-trainer")
+
+
+def _shared(env: str, name: str) -> Path:
+    value = os.environ.get(env)
+    if value:
+        return Path(value).resolve()
+    return (REPO / ".." / "shared" / name).resolve()
+
+
+def trainer_manifests() -> Path:
+    """Trainer v2.3.0 CRDs (``crds/``) and ClusterTrainingRuntimes (``runtimes/``)."""
+    return _shared("KFP_TRAINER_CRDS_DIR", "kubeflow-trainer-v2.3.0")
+
+
+def jobset_manifests() -> Path:
+    """The JobSet v0.12.0 CRD."""
+    return _shared("KFP_TRAINER_JOBSET_DIR", "jobset-v0.12.0")
+
+
+def binaries(build: bool = False, log: TextIO | None = None) -> Binaries:
+    """The binaries; builds what is missing first when ``build`` is true.
+
+    ``log`` gets build.sh's progress. Raises BinariesUnavailable when they are missing
+    (and the build failed)."""
+    args = ["bash", str(BUILD_SH)] + ([] if build else ["--print"])
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err_lines: list[str] = []
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            err_lines.append(line)
+            if log is not None:
+                log.write(line)
+                log.flush()
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    out = proc.stdout.read() if proc.stdout else ""
+    rc = proc.wait()
+    t.join(5)
+    lines = out.strip().splitlines()
+    controllers = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("CONTROLLERS_BIN=")), "")
+    if rc != 0 or not lines or not controllers:
+        where = lines[-1] if lines else "(unknown)"
+        tail = "".join(err_lines[-15:]).strip()
+        raise BinariesUnavailable(
+            f"control plane binaries not available in {where} (hack/k8s/build.sh exited {rc})" + (f":\n{tail}" if tail else "")
+        )
+    return Binaries(Path(lines[-1]), Path(controllers))

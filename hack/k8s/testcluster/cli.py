@@ -1,0 +1,62 @@
+"""``python hack/k8s/cluster.py up|down|status|build``: the test cluster from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .binaries import binaries
+from .cluster import TestCluster
+from .components import parse_gates
+
+USAGE = """\
+    python hack/k8s/cluster.py up       # build if needed, start (or reuse), print the kubeconfig path
+    python hack/k8s/cluster.py status   # print state and kubeconfig path; exit 1 if not running
+    python hack/k8s/cluster.py down     # delete the cluster, verify no process is left
+    python hack/k8s/cluster.py build    # only build the binaries
+
+    up --feature-gates TrainJobStatus=true   # gates of the Trainer/JobSet controllers
+
+Environment: KFP_TRAINER_CACHE, KFP_TRAINER_CRDS_DIR, KFP_TRAINER_JOBSET_DIR,
+KFP_TRAINER_CLUSTER_NAME, KFP_TRAINER_FEATURE_GATES (see docs/controlplane.md).
+"""
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["up", "down", "status", "build"])
+    ap.add_argument("--name", default=None)
+    ap.add_argument("--feature-gates", default=None, help="Name=true,... for the Trainer/JobSet controllers")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    gates = parse_gates(args.feature_gates) if args.feature_gates is not None else None
+    c = TestCluster(args.name, reuse=True, verbose=args.verbose or args.command == "up", feature_gates=gates)
+    if args.command == "build":
+        b = binaries(build=True, log=sys.stderr)
+        print(b.bin_dir)
+        print(b.controllers)
+        return 0
+    if args.command == "up":
+        c.start()
+        if gates is not None and c.timings.get("reused") and gates != c.feature_gates:
+            c.restart_controllers(gates)
+        print(json.dumps(c.describe(), indent=2), file=sys.stderr)
+        print(c.kubeconfig)
+        return 0
+    if args.command == "down":
+        c.stop()
+        left = c.leftover_processes()
+        if left:
+            print(f"left behind: {left}", file=sys.stderr)
+            return 1
+        print(f"cluster {c.name} deleted", file=sys.stderr)
+        return 0
+    running = c.is_running()
+    print(f"cluster {c.name}: {'running' if running else 'not running'}", file=sys.stderr)
+    if running:
+        print(f"server: {c.server}", file=sys.stderr)
+        for p, cmd in c.leftover_processes():
+            print(f"  {p} {cmd[:120]}", file=sys.stderr)
+    print(c.kubeconfig)
+    return 0 if running else 1

@@ -1,0 +1,245 @@
+"""TestCluster: one test control plane, started, reused and stopped as a whole."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import crds, kwok, objects
+from .base import DEFAULT_CLUSTER_NAME, ClusterBase, env_feature_gates
+from .binaries import BinariesUnavailable, ClusterError, binaries, jobset_manifests
+from .gc import GcProbe, restart_controller_manager
+from .procs import pid_alive, processes_under, terminate
+
+__all__ = ["DEFAULT_CLUSTER_NAME", "TestCluster", "env_feature_gates"]
+# Processes a cluster may leave: kwokctl's components and ours (matched by program name).
+OUR_PROGRAMS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller", "kwok")
+OUR_SCRIPTS = ("logfront.py", "podscript.py", "controllers")
+
+
+class TestCluster(ClusterBase):
+    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (under
+    ``kwokctl --runtime binary``), the real Trainer and JobSet controllers, the kubelet
+    front and the pod scripting process; the Trainer and JobSet CRDs and the Trainer's
+    ClusterTrainingRuntimes installed. See :class:`ClusterBase` for its parts."""
+
+    __test__ = False  # not a pytest test class
+
+    def start(self, build: bool = True) -> TestCluster:
+        t0 = self._started_at = time.monotonic()
+        self._bin = binaries(build=build, log=sys.stderr if self.verbose else None)
+        t = self._timed("binaries_s", t0)
+        if self.reuse and self.is_running() and self.state_file.exists():
+            self._log(f"reusing running cluster {self.name}")
+            self.timings["reused"] = 1
+            self._load_state()
+            self._start_components()
+            self._gc = GcProbe(self.api_client, self._started_at)
+            return self
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.unique:
+            self.remove_stale_clusters()
+        if not self._lock():
+            raise ClusterError(
+                f"cluster {self.name} is in use by another process (lock {self._lock_path}); "
+                "use KFP_TRAINER_REUSE_CLUSTER=1 to share it or another KFP_TRAINER_CLUSTER_NAME"
+            )
+        if self.cluster_dir.exists():
+            self._log(f"removing stale cluster {self.name}")
+            self.stop(keep_lock=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.ports = kwok.Ports.pick()
+        try:
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=self.root) as f:
+                yaml.safe_dump_all(kwok.config(self._bin, self.ports), f)
+            try:
+                self._kwokctl(
+                    "create",
+                    "cluster",
+                    "--config",
+                    f.name,
+                    "--runtime",
+                    "binary",
+                    "--kubeconfig",
+                    self.kubeconfig,
+                    "--wait",
+                    "120s",
+                    "--timeout",
+                    "300s",
+                )
+            finally:
+                os.unlink(f.name)
+            t = self._timed("kwokctl_create_s", t)
+            self._api_client = None
+            self._save_state()
+            self.front.start(self._env())
+            self._wait_ready()
+            objects.create_nodes(self._client, self.nodes)
+            objects.create_storage_class(self._client)
+            self._install_crds()
+            restart_controller_manager(self.cluster_dir)
+            t = self._timed("nodes_crds_kcm_s", t)
+            self._start_components()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.stop()
+            raise
+        self._timed("start_total_s", t0)
+        self._gc = GcProbe(self.api_client, self._started_at)
+        return self
+
+    def _install_crds(self) -> None:
+        paths = sorted((self.trainer_dir / "crds").glob("*.yaml")) + sorted(jobset_manifests().glob("*.yaml"))
+        crds.install_crds(self._client, paths)
+
+    def _start_components(self) -> None:
+        """Start whatever of ours is not running (kubelet front, controllers, pod scripting)
+        and install the runtimes (validated by the Trainer's webhook)."""
+        env = self._env()
+        t = time.monotonic()
+        self.front.start(env)
+        self.controllers.start(env)
+        t = self._timed("controllers_start_s", t)
+        crds.install_runtimes(self._client, self.trainer_dir / "runtimes")
+        self.podscript.start(env)
+        self._timed("runtimes_podscript_s", t)
+
+    def _wait_ready(self, timeout: float = 120) -> None:
+        from kubernetes import client
+
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                # The default service account comes from the controller manager; pods
+                # cannot be created in 'default' before it exists.
+                client.CoreV1Api(self._client).read_namespaced_service_account("default", "default")
+                return
+            except Exception as e:  # noqa: BLE001
+                last = e
+                time.sleep(0.25)
+        raise ClusterError(f"cluster not ready after {timeout}s: {last}")
+
+    def remove_stale_clusters(self) -> list[str]:
+        """Delete ``<base>-<pid>`` clusters whose session is gone (their lock is free)."""
+        removed = []
+        clusters = self.kwok_workdir / "clusters"
+        candidates = {p.name for p in clusters.iterdir()} if clusters.is_dir() else set()
+        candidates |= {p.name[: -len(".lock")] for p in self.root.glob(f"{self.base_name}-*.lock")}
+        for n in sorted(candidates):
+            rest = n[len(self.base_name) + 1 :]
+            if not n.startswith(self.base_name + "-") or not rest.isdigit() or n == self.name:
+                continue
+            other = TestCluster(self.base_name, root=self.root, reuse=False, verbose=self.verbose)
+            other._set_name(n)
+            if not other._lock():
+                continue  # its session is alive
+            self._log(f"removing stale cluster {n}")
+            try:
+                other._bin = self._bin
+                other.stop()
+                removed.append(n)
+            finally:
+                other._unlock()
+        return removed
+
+    def stop(self, keep_lock: bool = False) -> None:
+        """Delete the cluster; make sure no process of it is left."""
+        if self._bin is None:
+            with contextlib.suppress(BinariesUnavailable):
+                self._bin = binaries(build=False)
+        if self._api_client is not None:
+            with contextlib.suppress(Exception):
+                self._api_client.close()
+            self._api_client = None
+        # Our components first (they would only retry against a stopping API server).
+        components = [int(p.read_text()) for p in self.root.glob(f"{self.name}.*.pid") if p.read_text().strip().isdigit()]
+        left = terminate(components)
+        kwokctl_pids = self._kwokctl_pids()
+        if self._bin is not None and (self._bin / "kwokctl").exists():
+            with contextlib.suppress(Exception):
+                self._kwokctl("delete", "cluster", "--kubeconfig", self.kubeconfig, check=False, timeout=120)
+        strays = [
+            p for p, cmd in processes_under(self.cluster_dir) if any(Path(a).name in OUR_PROGRAMS + OUR_SCRIPTS for a in cmd.split()[:2])
+        ]
+        left += terminate([p for p in kwokctl_pids if pid_alive(p)] + strays)
+        if left:
+            raise ClusterError(f"processes left behind: {left}")
+        if not keep_lock:
+            if self._lock_fd is None and self.root.is_dir():
+                self._lock()  # best effort: removes a lock file left by `cluster.py up`
+            self._unlock()
+        for f in [self.kubeconfig, self.state_file, *self.root.glob(f"{self.name}.*.pid")]:
+            Path(f).unlink(missing_ok=True)
+        for d in (self.cluster_dir, self.logs_dir):
+            shutil.rmtree(d, ignore_errors=True)
+
+    def _kwokctl_pids(self) -> list[int]:
+        piddir = self.cluster_dir / "pids"
+        out = []
+        for p in piddir.glob("*.pid") if piddir.is_dir() else []:
+            with contextlib.suppress(ValueError, OSError):
+                out.append(int(p.read_text().strip()))
+        return out
+
+    def leftover_processes(self) -> list[tuple[int, str]]:
+        return processes_under(self.cluster_dir)
+
+    # ------------------------------------------------------------------ Trainer CRDs
+    def trainjob_crd_path(self) -> Path:
+        return self.trainer_dir / "crds" / "trainer.kubeflow.org_trainjobs.yaml"
+
+    @contextlib.contextmanager
+    def use_trainjob_crd(self, path: str | os.PathLike) -> Iterator[dict]:
+        """Swap the TrainJob CRD to the one in ``path`` for the block (waits until the API
+        server validates with it); the cluster's own CRD again afterwards, and the
+        controllers restarted. Yields the CRD."""
+        try:
+            with crds.swapped_crd(self._client, Path(path), self.trainjob_crd_path()) as doc:
+                yield doc
+        finally:
+            # The controllers' TrainJob watches may still decode with the swapped schema
+            # (pruning fields it lacks, such as runtimePatches): give them fresh ones.
+            self.restart("controllers")
+
+    def wait_gc_ready(self, timeout: float = 60) -> None:
+        """Wait until the garbage collector handles TrainJob owners (normally at once)."""
+        if self._gc is None:
+            self._gc = GcProbe(self.api_client, time.monotonic())
+        self._gc.wait(timeout)
+        if self._gc.seconds_after_start is not None:
+            self.timings["gc_ready_after_start_s"] = self._gc.seconds_after_start
+
+    # ------------------------------------------------------------------ misc
+    def component_logs(self) -> dict[str, Path]:
+        """Every component's log file (kwokctl's, the controllers', the front's, pod scripting's)."""
+        d = self.cluster_dir / "logs"
+        return {p.stem: p for p in d.glob("*.log")} if d.is_dir() else {}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kubeconfig": self.kubeconfig,
+            "server": self.server if Path(self.kubeconfig).exists() else None,
+            "workdir": str(self.cluster_dir),
+            "bin_dir": str(self._bin.bin_dir) if self._bin else None,
+            "controllers": str(self._bin.controllers) if self._bin else None,
+            "feature_gates": self.feature_gates,
+            "trainer_dir": str(self.trainer_dir),
+            "timings": {k: round(v, 2) for k, v in self.timings.items()},
+        }
+
+    def __enter__(self) -> TestCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
