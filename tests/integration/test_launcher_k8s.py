@@ -24,7 +24,7 @@ from tcp_proxy import TcpProxy
 from testcluster import PodScript
 
 from kfp_trainer import spec
-from kfp_trainer.backends.base import JobRef, Phase
+from kfp_trainer.backends.base import JobRef
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import (
     CancelledError,
@@ -365,20 +365,6 @@ def test_a_job_of_another_task_is_not_adopted(api_client, namespace):
 
 
 # ----------------------------------------------------------------------------- watch robustness
-
-
-def test_watch_relists_on_410_gone(api_client, namespace):
-    backend = backend_for(api_client, namespace)
-    manifest = spec.render(scripted(inputs(namespace), PodScript(lines=["x"], start_delay=1.0)))
-    ref = backend.submit(manifest).ref
-    # resourceVersion "1" is older than anything the watch cache holds: the server answers 410.
-    seen = []
-    for status in backend.watch(ref, resource_version="1"):
-        if status is not None:
-            seen.append(status.phase)
-            if status.phase.finished:
-                break
-    assert seen[-1] is Phase.SUCCEEDED
 
 
 def test_launcher_survives_forced_disconnects(cluster, namespace):

@@ -148,10 +148,6 @@ def test_lineage_labels_reach_the_jobset_and_the_pods(api_client, namespace):
         assert lineage.items() <= p.metadata.labels.items()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="launcher bug: an admission webhook denial (HTTP 403, 'denied the request') is reported as missing RBAC, not rejected input",
-)
 def test_a_trainer_webhook_refusal_is_a_clear_user_error_and_creates_nothing(api_client, namespace):
     # A rule only the Trainer knows: torchtune's single-node models take one node.
     inp = inputs(namespace, runtime="torchtune-llama3.2-1b", command=["tune", "run"], num_nodes=2)
