@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from .tune_command import RDZV_ARG, effective_argv, node_shape
 CONTAINER_WORKSPACE = "/workspace"
 #: What local mode always overrides: CPU, full precision, no compile, no activation checkpointing.
 CPU_OVERRIDES: tuple[str, ...] = ("device=cpu", "dtype=fp32", "compile=False", "enable_activation_checkpointing=False")
+_LOSS = re.compile(r"(\d+)\|(\d+)\|Loss: ([-+0-9.eE]+|nan|inf)")
 
 
 @dataclass(frozen=True)
@@ -177,3 +179,15 @@ def local_tune_command(
         processes=processes,
         replaced=replaced,
     )
+
+
+def tune_losses(output: str) -> dict[tuple[int, int], float]:
+    """Loss per (epoch, step) from the progress lines torchtune's recipes print (``1|3|Loss: 11.9``).
+
+    The progress bar repeats each step; the last value printed for a step wins.
+
+    Example:
+        >>> tune_losses("1|1|Loss: 11.9:   3%|x| 1/32  1|1|Loss: 11.9: 6%  1|2|Loss: 11.8: 9%")
+        {(1, 1): 11.9, (1, 2): 11.8}
+    """
+    return {(int(e), int(s)): float(v) for e, s, v in _LOSS.findall(output)}

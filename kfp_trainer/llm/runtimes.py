@@ -67,7 +67,7 @@ class RuntimeTrainer:
             return TORCHTUNE_ENTRYPOINT
         if self.ml_policy.get("torch") is not None:
             return ("torchrun",)
-        if self.ml_policy.get("mpi"):
+        if self.ml_policy.get("mpi") is not None:
             return ("mpirun",)
         return ("python",)
 

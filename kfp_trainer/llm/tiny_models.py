@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -59,6 +60,9 @@ class TinyArchitecture:
 
 
 _DIMS = {"num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "embed_dim": 64, "intermediate_dim": 128, "max_seq_len": 512}
+#: QLoRA quantizes every frozen linear to NF4 in blocks of 64 x 256 values: each weight needs a
+#: multiple of 16,384 elements, which dim 64 with grouped-query attention cannot give.
+QLORA_DIMS = {"num_layers": 2, "num_heads": 4, "num_kv_heads": 4, "embed_dim": 128, "intermediate_dim": 256, "max_seq_len": 512}
 _QWEN = {
     "builder": "torchtune.models.qwen2.qwen2",
     "lora_builder": "torchtune.models.qwen2.lora_qwen2",
@@ -196,7 +200,7 @@ def write_model(model_dir: str | Path, arch: TinyArchitecture, *, seed: int = 0)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (out / "config.json").write_text(json.dumps(_hf_config(arch), indent=2))
-    (out / MARKER_FILE).write_text(json.dumps({"model_key": arch.model_key, "seed": seed}))
+    (out / MARKER_FILE).write_text(json.dumps({"model_key": arch.model_key, "dims": arch.dims, "seed": seed}))
     return out
 
 
@@ -294,13 +298,17 @@ def write_dataset(data_dir: str | Path, rows: list[dict[str, str]]) -> Path:
     return out / "train.parquet"
 
 
-def write_workspace(workspace: str | Path, config_name: str, *, rows: int = 128, seed: int = 0) -> TinyArchitecture:
+def write_workspace(workspace: str | Path, config_name: str, *, rows: int = 128, seed: int = 0, qlora: bool = False) -> TinyArchitecture:
     """Lay out ``<workspace>/model`` and ``<workspace>/dataset/data`` as a runtime's initializers would.
+
+    ``qlora=True`` builds the model with :data:`QLORA_DIMS` so NF4 quantization can split it.
 
     Example (not run: it imports torch and torchtune):
         >>> write_workspace("/tmp/ws", "qwen2_5/1.5B_full")  # doctest: +SKIP
     """
     arch = architecture_for_config(config_name)
+    if qlora:
+        arch = dataclasses.replace(arch, dims=QLORA_DIMS)
     ws = Path(workspace)
     examples = addition_examples(rows, seed=seed)
     write_dataset(ws / "dataset" / "data", examples)
@@ -322,5 +330,6 @@ def overrides_for(model_dir: str | Path, config_name: str) -> list[str]:
     marker = Path(model_dir) / MARKER_FILE
     if not marker.is_file():
         return []
-    arch = ARCHITECTURES[json.loads(marker.read_text())["model_key"]]
+    info = json.loads(marker.read_text())
+    arch = dataclasses.replace(ARCHITECTURES[info["model_key"]], dims=info.get("dims") or _DIMS)
     return tiny_model_overrides(arch, lora="lora" in config_name.split("/")[-1])
