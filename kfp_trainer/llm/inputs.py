@@ -307,7 +307,9 @@ def _errors(e: pydantic.ValidationError, prefix: str = "") -> list[ValidationErr
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ").removeprefix("Input should be ")
-        if err["type"] == "literal_error":
+        if err["type"] == "extra_forbidden":
+            msg = "no such setting (the names follow the kubeflow SDK's)"
+        elif err["type"] == "literal_error":
             msg = "one of " + msg.replace(" or ", ", ")
         out.append(ValidationError(prefix + loc if loc else prefix.rstrip(".") or "settings", err.get("input"), msg))
     return out

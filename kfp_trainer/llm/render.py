@@ -162,7 +162,12 @@ def torchtune_args(settings: TorchTuneSettings, dataset: StorageSource | None = 
 
 
 def _runtime(runtime: dict[str, Any] | RuntimeTrainer) -> RuntimeTrainer:
-    return runtime if isinstance(runtime, RuntimeTrainer) else RuntimeTrainer.from_runtime(runtime)
+    if isinstance(runtime, RuntimeTrainer):
+        return runtime
+    try:
+        return RuntimeTrainer.from_runtime(runtime)
+    except ValidationError as e:
+        raise InvalidSpecErrors([e]) from None
 
 
 def render_builtin(
