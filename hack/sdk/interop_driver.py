@@ -9,6 +9,10 @@ Reads a JSON request on stdin and prints ``{case id: TrainJob name}`` as JSON:
                {"id": "fn", "kind": "custom", "runtime": "torch-distributed", "func": "train_classifier",
                 "trainer": {"func_args": {"lr": 0.1}, "num_nodes": 2}}]}
 
+``{"progress": {"progress_percent": 40, "estimated_remaining_seconds": 60, "metrics": {...}}}``
+instead sends one ``update_trainjob_status`` report (to the URL, CA and token named by the
+``KUBEFLOW_TRAINER_SERVER_*`` environment variables) and prints ``{"sent": true|false}``.
+
 ``config`` holds TorchTuneConfig's fields with plain values (enums by value); ``trainer`` holds
 CustomTrainer's fields except ``func``, which names one of the functions below. The functions
 are also imported by the interop test, so both sides read the same source file.
@@ -81,6 +85,11 @@ def main() -> int:
     from kubeflow.trainer import TrainerClient
 
     request = json.load(sys.stdin)
+    if "progress" in request:
+        from kubeflow.trainer import update_trainjob_status
+
+        json.dump({"sent": update_trainjob_status(**request["progress"])}, sys.stdout)
+        return 0
     client = TrainerClient(KubernetesBackendConfig(namespace=request["namespace"], config_file=request["kubeconfig"]))
     names = {}
     for case in request["cases"]:

@@ -19,6 +19,22 @@ refuses bodies over 64 KiB. :func:`build_payload` keeps within all of that.
 Without those variables (local mode, older Trainer, gate off) every call is a no-op that returns
 False. A failed report never raises: training must not die because progress could not be shown.
 
+What a cluster needs for reports to arrive (Trainer v2.3.0):
+
+* the manager started with ``--feature-gates=TrainJobStatus=true`` (or ``featureGates:
+  {TrainJobStatus: true}`` in its config file); only then does it add the status server and the
+  plugin that injects the variables and mounts ``/var/run/secrets/kubeflow/trainer`` (a projected
+  volume: the token, and ``ca.crt`` from the ConfigMap ``<trainjob>-tls-config`` that the plugin
+  copies from the webhook certificate Secret);
+* the webhook Service exposing port 10443 (``statusServer.port``) next to the webhook port;
+  the URL is ``https://<webhookServiceName>.<manager namespace>.svc:10443/apis/...``;
+* the manager able to verify tokens: it reads the issuer from its own service-account token and
+  fetches the API server's OIDC discovery (``/.well-known/openid-configuration``, JWKS) with its
+  credentials (the default ``system:service-account-issuer-discovery`` binding covers this), and
+  to server-side-apply ``trainjobs/status`` (its existing role); the pods need no extra RBAC;
+* a kubelet that mounts projected service-account tokens (KWOK pods get none: there, a test
+  mints one with the TokenRequest API, audience :func:`token_audience`, and calls the server).
+
 Example:
     >>> reporter = ProgressReporter(env={})
     >>> reporter.enabled, reporter.report(50, 120, {"loss": 0.25})

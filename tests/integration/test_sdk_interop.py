@@ -11,8 +11,11 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -245,3 +248,93 @@ def test_the_comparison_notices_a_single_changed_override(api_client, cluster, n
     _create_ours(api_client, namespace, "ours-changed", rendered.spec)
     with pytest.raises(AssertionError, match=r"\.spec\.trainer\.args\[0\]: ours 'epochs=3' != SDK 'epochs=1'"):
         _assert_same(_stored(api_client, namespace, "ours-changed"), _stored(api_client, namespace, sdk_name), "lora")
+
+
+# --- progress reports ----------------------------------------------------------------------------
+
+
+class _StatusCapture(BaseHTTPRequestHandler):
+    """Stands in for the Trainer's status server: records each request, answers 200 with the body."""
+
+    seen: list = []
+
+    def do_POST(self):  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).seen.append((self.path, self.headers.get("Authorization"), json.loads(body)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _apply_trainer_status(api_client, namespace: str, name: str, trainer_status: dict) -> dict:
+    """Store a report as the status server does: server-side apply of status.trainerStatus."""
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "status": {"trainerStatus": trainer_status},
+    }
+    api_client.call_api(
+        f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainjobs/{name}/status",
+        "PATCH",
+        query_params=[("fieldManager", "trainer-status"), ("force", "true")],
+        header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+        body=body,
+        auth_settings=["BearerToken"],
+        response_type="object",
+        _return_http_data_only=True,
+    )
+    return _stored(api_client, namespace, name)["status"]["trainerStatus"]
+
+
+def test_progress_reports_are_stored_like_the_sdks(api_client, cluster, namespace, sdk_python, tmp_path):
+    from kfp_trainer.llm import progress
+
+    _StatusCapture.seen = []
+    server = HTTPServer(("127.0.0.1", 0), _StatusCapture)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = tmp_path / "token"
+    token.write_text("projected-token")
+    for name in ("sdk-progress", "our-progress"):
+        _create_ours(api_client, namespace, name, {"runtimeRef": {"name": "torch-distributed"}})
+    path = progress.STATUS_PATH.format(namespace=namespace, name="job")
+    env = {progress.ENV_URL: f"http://127.0.0.1:{server.server_address[1]}{path}", progress.ENV_TOKEN: str(token)}
+    report = {"progress_percent": 40, "estimated_remaining_seconds": 75, "metrics": {"loss": 0.4321, "accuracy": 0.9, "step": 120}}
+    try:
+        done = subprocess.run(
+            [str(sdk_python), str(DRIVER)],
+            input=json.dumps({"progress": report}),
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0 and json.loads(done.stdout) == {"sent": True}, done.stderr[-2000:]
+        reporter = progress.ProgressReporter(env=env)
+        assert reporter.report(report["progress_percent"], report["estimated_remaining_seconds"], report["metrics"]), reporter.last_error
+    finally:
+        server.shutdown()
+    (sdk_path, sdk_auth, sdk_body), (our_path, our_auth, our_body) = _StatusCapture.seen
+    assert (our_path, our_auth) == (sdk_path, sdk_auth) == (path, "Bearer projected-token")
+    assert list(our_body) == list(sdk_body) == ["trainerStatus"]
+    stored = {
+        "sdk": _apply_trainer_status(api_client, namespace, "sdk-progress", sdk_body["trainerStatus"]),
+        "ours": _apply_trainer_status(api_client, namespace, "our-progress", our_body["trainerStatus"]),
+    }
+    for side in stored.values():
+        assert side.pop("lastUpdatedTime")  # both accepted by the CRD's date-time format and CEL rule
+    assert (
+        stored["ours"]
+        == stored["sdk"]
+        == {
+            "progressPercentage": 40,
+            "estimatedRemainingSeconds": 75,
+            "metrics": [{"name": "loss", "value": "0.4321"}, {"name": "accuracy", "value": "0.9"}, {"name": "step", "value": "120"}],
+        }
+    )
