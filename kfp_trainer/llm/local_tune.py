@@ -110,8 +110,9 @@ def local_tune_command(
 
     Args:
         runtime: the (Cluster)TrainingRuntime object, or its :class:`RuntimeTrainer`.
-        job_trainer: the TrainJob's ``spec.trainer`` (``command``, ``args``, ``numNodes``,
+        job_trainer: the TrainJob's ``spec.trainer`` (``command``, ``args``, ``env``, ``numNodes``,
             ``resourcesPerNode``, ``numProcPerNode``); ``None`` runs the runtime's command as is.
+            Its ``env`` entries with plain values are passed on (``valueFrom`` ones are not).
         workspace: local directory that stands for ``/workspace`` (``model/``, ``dataset/``, ``output/``).
         node_rank: which node this process group is (``PET_NODE_RANK``).
         procs_per_node: local trainer processes per node when the recipe is distributed.
@@ -156,7 +157,11 @@ def local_tune_command(
     local_args = [a for a in local_args if a not in replaced] + ours
     processes = procs_per_node if distributed else 1
     exe = list(tune_executable) if tune_executable else [sys.executable, "-m", "torchtune._cli.tune"]
+    # The TrainJob's own env (plain values; valueFrom needs a cluster), under ours.
+    job_env = {e["name"]: str(e["value"]) for e in job_trainer.get("env") or [] if isinstance(e, dict) and "value" in e}
+    python_path = os.pathsep.join(p for p in (job_env.pop("PYTHONPATH", ""), python_path) if p)
     env = {
+        **job_env,
         "PET_NNODES": str(nodes),
         "PET_NPROC_PER_NODE": str(processes),
         "PET_NODE_RANK": str(node_rank),

@@ -135,6 +135,14 @@ def test_local_mode_replaces_gpu_settings_and_says_which(tmp_path):
     assert cmd.argv[-1] == "epochs=2"
 
 
+def test_the_trainjobs_env_is_passed_on_under_the_local_settings(tmp_path):
+    job = {"command": ["tune", "run"], "env": [{"name": "WANDB_MODE", "value": "offline"}, {"name": "PYTHONPATH", "value": "/opt/lib"},
+                                              {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}  # fmt: skip
+    cmd = local_tune.local_tune_command(runtime("qwen2_5_1.5B.yaml"), job, str(tmp_path), python_path="/x")
+    assert cmd.env["WANDB_MODE"] == "offline" and "HF_TOKEN" not in cmd.env
+    assert cmd.env["PYTHONPATH"].split(os.pathsep) == [cpu_compat.SITE_DIR, "/opt/lib", "/x"]
+
+
 def test_a_single_device_job_runs_one_local_process(tmp_path):
     job = {
         "command": ["tune", "run"],
