@@ -1,0 +1,13 @@
+"""The LLM trainer path: torchtune runtimes (BuiltinTrainer), CustomTrainer rendering, checkpoints, progress.
+
+Modules:
+    inputs: typed, validated settings (torchtune, LoRA, dataset preprocessing, initializers, CustomTrainer).
+    runtimes: what a (Cluster)TrainingRuntime object says about its trainer (framework, command).
+    render: settings -> the TrainJob spec pieces the kubeflow SDK 0.5.0 renders. Pure.
+    tune_command: the Trainer controller's composition of the effective ``tune run`` command. Pure.
+    local_tune: a torchtune runtime's command -> command and env to run it on this machine.
+    cpu_compat: local-only patches that let torchtune's distributed recipes run on CPU.
+    checkpoints: latest complete torchtune checkpoint in an output dir -> resume overrides.
+    progress: report progress to the Trainer v2.3 status server (stdlib only).
+    tiny_models: offline tiny models/tokenizers/datasets of the torchtune runtimes' architectures.
+"""

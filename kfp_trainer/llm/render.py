@@ -1,0 +1,317 @@
+"""Settings -> the TrainJob spec the kubeflow SDK 0.5.0 creates for the same ``train()`` call. Pure.
+
+``TrainerClient().train(runtime, initializer, trainer)`` fills three parts of ``spec``:
+``runtimeRef`` (name and kind), ``trainer`` and ``initializer``. :func:`render_builtin` does it
+for ``BuiltinTrainer(config=TorchTuneConfig(...))`` and :func:`render_function` for
+``CustomTrainer(func=...)``, field for field and value for value, so a job moved from the SDK
+into a pipeline runs the same. Checks come first: the runtime must be of the right kind
+(torchtune for BuiltinTrainer, anything else for functions) and the TrainJob must pass the
+Trainer v2.3 webhook's torchtune rules (supported model, node count, QLoRA limits).
+
+Example:
+    >>> from kfp_trainer.llm.inputs import TorchTuneSettings, LoraSettings, StorageSource
+    >>> rt = {"kind": "ClusterTrainingRuntime",
+    ...       "metadata": {"name": "torchtune-llama3.2-1b", "labels": {"trainer.kubeflow.org/framework": "torchtune"}},
+    ...       "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [
+    ...           {"name": "node", "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+    ...            "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "tt", "command": ["tune", "run"],
+    ...                "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}}}}]}}}}
+    >>> out = render_builtin(rt, TorchTuneSettings(epochs=2, peft_config=LoraSettings(lora_rank=8)),
+    ...                      dataset=StorageSource(storage_uri="hf://tatsu-lab/alpaca/data"))
+    >>> out.spec["trainer"]["args"]
+    ['epochs=2', 'dataset.data_dir=/workspace/dataset/data', 'model.lora_rank=8', 'model.lora_attn_modules=[q_proj,v_proj,output_proj]']
+    >>> (out.recipe, out.config, out.adapter)
+    ('lora_finetune_distributed', 'llama3_2/1B_lora', True)
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from kfp_trainer.errors import InvalidSpecErrors, ValidationError
+
+from .inputs import MODEL_IGNORE_PATTERNS, FunctionTrainerSettings, StorageSource, TorchTuneSettings
+from .runtimes import FRAMEWORK_LABEL, TORCHTUNE, TORCHTUNE_ENTRYPOINT, RuntimeTrainer
+from .tune_command import gpus_in, node_shape, recipe_and_config, uses_lora, uses_qlora, webhook_errors
+
+DATASET_PATH = "/workspace/dataset"
+INSTRUCT_DATASET = "torchtune.datasets.instruct_dataset"
+MPI_USER_HOME = "/home/mpiuser"
+_STANDARD_RESOURCES = ("cpu", "memory", "gpu", "storage", "ephemeral-storage")
+_RESOURCE_ALIASES = {"gpu": "nvidia.com/gpu", "storage": "ephemeral-storage"}
+_MIG = "nvidia.com/mig-"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The TrainJob ``spec`` parts, and what the fine-tune will produce (torchtune only).
+
+    ``recipe``/``config`` are what the Trainer controller will run; ``adapter`` is True when
+    the output is a LoRA adapter (alongside the merged model), False for full weights.
+    """
+
+    spec: dict[str, Any]
+    recipe: str | None = None
+    config: str | None = None
+    adapter: bool = False
+
+
+def resources_per_node(resources: dict[str, Any]) -> dict[str, Any]:
+    """The SDK's ``resources_per_node`` mapping: aliases (gpu, storage, mig-*), requests = limits.
+
+    Example:
+        >>> resources_per_node({"CPU": 4, "GPU": 1})
+        {'requests': {'cpu': 4, 'nvidia.com/gpu': 1}, 'limits': {'cpu': 4, 'nvidia.com/gpu': 1}}
+
+    Raises:
+        ValidationError: more than one MIG profile, or GPUs and MIG slices together.
+    """
+    out: dict[str, Any] = {}
+    for name, q in resources.items():
+        low = name.lower()
+        key = low if low in _STANDARD_RESOURCES or low.startswith("mig-") else name
+        key = _RESOURCE_ALIASES.get(key, key)
+        if key.startswith("mig-"):
+            key = _MIG + key[len("mig-") :]
+        out[key] = q
+    mig = [k for k in out if k.startswith(_MIG)]
+    if len(mig) > 1:
+        raise ValidationError("resources_per_node", resources, f"at most one MIG profile, not {mig}")
+    if mig and "nvidia.com/gpu" in out:
+        raise ValidationError("resources_per_node", resources, f"either nvidia.com/gpu or a MIG slice ({mig[0]}), not both")
+    return {"requests": dict(out), "limits": dict(out)}
+
+
+def _initializer_env(source: StorageSource, *, model: bool) -> list[dict[str, str]]:
+    """Optional initializer settings as env, in the SDK's field order (secrets only by reference)."""
+    patterns = source.ignore_patterns
+    if patterns is None and model:
+        patterns = list(MODEL_IGNORE_PATTERNS)
+    values: list[tuple[str, Any]] = [("IGNORE_PATTERNS", None if patterns is None else ",".join(patterns))]
+    if source.scheme == "s3":
+        values += [("ENDPOINT", source.endpoint), ("REGION", source.region), ("ROLE_ARN", source.role_arn)]
+    return [{"name": k, "value": v} for k, v in values if v is not None]
+
+
+def render_initializer(dataset: StorageSource | None, model: StorageSource | None) -> dict[str, Any] | None:
+    """``spec.initializer``: each source's ``storageUri`` and ``env``; ``secretRef`` for credentials.
+
+    Example:
+        >>> render_initializer(StorageSource(storage_uri="hf://org/data"), None)
+        {'dataset': {'storageUri': 'hf://org/data', 'env': []}}
+    """
+    out: dict[str, Any] = {}
+    for key, source in (("dataset", dataset), ("model", model)):
+        if source is None:
+            continue
+        part: dict[str, Any] = {"storageUri": source.storage_uri, "env": _initializer_env(source, model=key == "model")}
+        if source.secret_ref:
+            part["secretRef"] = {"name": source.secret_ref}
+        out[key] = part
+    return out or None
+
+
+def _hf_dataset_arg(uri: str) -> str:
+    """``dataset.data_dir``/``dataset.data_files`` for the files an ``hf://`` dataset put in /workspace/dataset."""
+    parts = urlparse(uri).path.strip("/").split("/")
+    relative = "/".join(parts[1:]) if len(parts) > 1 else "."
+    if relative != "." and "." in relative:
+        return f"dataset.data_files={posixpath.join(DATASET_PATH, relative)}"
+    return f"dataset.data_dir={posixpath.join(DATASET_PATH, relative)}"
+
+
+def torchtune_args(settings: TorchTuneSettings, dataset: StorageSource | None = None) -> list[str]:
+    """The ``tune run`` overrides (``spec.trainer.args``), in the SDK's order and spelling.
+
+    Example:
+        >>> from kfp_trainer.llm.inputs import InstructDatasetSettings
+        >>> torchtune_args(TorchTuneSettings(dtype="bf16", dataset_preprocess_config=InstructDatasetSettings(
+        ...     source="json", column_map={"input": "question"})))
+        ['dtype=bf16', 'dataset=torchtune.datasets.instruct_dataset', 'dataset.source=json', "dataset.column_map={'input': 'question'}"]
+    """
+    s = settings
+    args = [f"{k}={v}" for k, v in (("dtype", s.dtype), ("batch_size", s.batch_size), ("epochs", s.epochs), ("loss", s.loss)) if v]
+    if dataset is not None and dataset.scheme == "hf":
+        args.append(_hf_dataset_arg(dataset.storage_uri))
+    lora = s.peft_config
+    if lora is not None:
+        for name in ("apply_lora_to_mlp", "apply_lora_to_output", "lora_rank", "lora_alpha", "lora_dropout", "quantize_base", "use_dora"):
+            value = getattr(lora, name)
+            if value is not None:
+                args.append(f"model.{name}={value}")
+        if lora.lora_attn_modules:
+            args.append(f"model.lora_attn_modules=[{','.join(lora.lora_attn_modules)}]")
+    pre = s.dataset_preprocess_config
+    if pre is not None:
+        args.append(f"dataset={INSTRUCT_DATASET}")
+        if pre.source:
+            args.append(f"dataset.source={pre.source}")
+        if pre.split:
+            args.append(f"dataset.split={pre.split}")
+        if pre.train_on_input is not None:
+            args.append(f"dataset.train_on_input={pre.train_on_input}")
+        if pre.new_system_prompt:
+            args.append(f"dataset.new_system_prompt={pre.new_system_prompt}")
+        if pre.column_map:
+            args.append(f"dataset.column_map={pre.column_map}")
+    return args
+
+
+def _runtime(runtime: dict[str, Any] | RuntimeTrainer) -> RuntimeTrainer:
+    if isinstance(runtime, RuntimeTrainer):
+        return runtime
+    try:
+        return RuntimeTrainer.from_runtime(runtime)
+    except ValidationError as e:
+        raise InvalidSpecErrors([e]) from None
+
+
+def render_builtin(
+    runtime: dict[str, Any] | RuntimeTrainer,
+    settings: TorchTuneSettings,
+    *,
+    dataset: StorageSource | None = None,
+    model: StorageSource | None = None,
+) -> Rendered:
+    """The spec parts of ``train(runtime, Initializer(dataset, model), BuiltinTrainer(TorchTuneConfig(...)))``.
+
+    Raises:
+        InvalidSpecErrors: the runtime is not a torchtune runtime, or the Trainer's webhook would
+            refuse the job (each problem with its field, value and what is allowed).
+    """
+    rt = _runtime(runtime)
+    if not rt.is_torchtune:
+        raise InvalidSpecErrors(
+            [
+                ValidationError(
+                    "runtime",
+                    rt.name,
+                    f"a torchtune runtime ({FRAMEWORK_LABEL}: {TORCHTUNE}); {rt.name} is a {rt.framework} runtime,"
+                    " which runs a training function instead",
+                )
+            ]
+        )
+    trainer: dict[str, Any] = {}
+    errors: list[ValidationError] = []
+    if settings.num_nodes:
+        trainer["numNodes"] = settings.num_nodes
+    if settings.resources_per_node:
+        try:
+            trainer["resourcesPerNode"] = resources_per_node(settings.resources_per_node)
+        except ValidationError as e:
+            errors.append(e)
+    args = torchtune_args(settings, dataset)
+    trainer["command"] = list(TORCHTUNE_ENTRYPOINT)
+    trainer["args"] = args
+    gpus = gpus_in(trainer.get("resourcesPerNode", rt.resources))
+    refused = webhook_errors(rt.name, args, num_nodes=settings.num_nodes or 1, num_proc_per_node="auto", gpus_per_node=gpus)
+    errors += [ValidationError(f, v, a) for f, v, a in refused]
+    if errors:
+        raise InvalidSpecErrors(errors)
+    nodes, nproc, gpus = node_shape(runtime_resources=rt.resources, runtime_num_nodes=rt.num_nodes, job_trainer=trainer)
+    recipe, config = recipe_and_config(rt.name, args, num_nodes=nodes, num_proc_per_node=nproc, gpus_per_node=gpus)
+    spec: dict[str, Any] = {"runtimeRef": {"name": rt.name, "kind": rt.kind}, "trainer": trainer}
+    init = render_initializer(dataset, model)
+    if init:
+        spec["initializer"] = init
+    return Rendered(spec=spec, recipe=recipe, config=config, adapter=uses_lora(args) or uses_qlora(args))
+
+
+# --- CustomTrainer ------------------------------------------------------------------------------
+
+_FUNC_SCRIPT = '\nread -r -d \'\' SCRIPT << EOM\n\n{func_code}\nEOM\nprintf "%s" "$SCRIPT" > "{func_file}"\n{entrypoint} "{func_file}"'
+
+
+def _pip_script(packages: list[str], index_urls: list[str], log_file: str) -> str:
+    """Shell that installs ``packages`` (user site first, then system), as the SDK writes it."""
+    pkgs = " ".join(shlex.quote(p) for p in packages)
+    opts = " ".join([f"--index-url {shlex.quote(index_urls[0])}"] + [f"--extra-index-url {shlex.quote(u)}" for u in index_urls[1:]])
+    pip = "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install --quiet \\\n    --no-warn-script-location"
+    lines = [
+        "",
+        'if ! [ -x "$(command -v pip)" ]; then',
+        "    python -m ensurepip || python -m ensurepip --user || apt-get install python-pip",
+        "fi",
+        "",
+        "",
+        f"PACKAGES=({pkgs})",
+        f"PIP_OPTS=({opts})",
+        f'LOG_FILE="{log_file}"',
+        'rm -f "$LOG_FILE"',
+        "",
+        f'if {pip} "${{PIP_OPTS[@]}}" --user "${{PACKAGES[@]}}" >"$LOG_FILE" 2>&1; then',
+        '    echo "Successfully installed Python packages (user): ${PACKAGES[*]}"',
+        f'elif {pip} "${{PIP_OPTS[@]}}" "${{PACKAGES[@]}}" >>"$LOG_FILE" 2>&1; then',
+        '    echo "Successfully installed Python packages (system-wide): ${PACKAGES[*]}"',
+        "else",
+        '    echo "ERROR: Failed to install Python packages: ${PACKAGES[*]}" >&2',
+        '    cat "$LOG_FILE" >&2',
+        "    exit 1",
+        "fi",
+        "",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def function_command(rt: RuntimeTrainer, settings: FunctionTrainerSettings) -> list[str]:
+    """``spec.trainer.command`` for a function: write it to a file in the pod, run it with the runtime's launcher."""
+    entry = rt.entrypoint[0]
+    call = f"{settings.func_name}()" if settings.func_args is None else f"{settings.func_name}(**{settings.func_args})"
+    code = f"{settings.func_source}\n{call}\n"
+    func_file, log_file = settings.func_file, "pip_install.log"
+    if entry == "mpirun":
+        func_file = posixpath.join(MPI_USER_HOME, func_file)
+        log_file = posixpath.join(MPI_USER_HOME, "pip_install.log")
+    script = _FUNC_SCRIPT.format(func_code=code, func_file=func_file, entrypoint="torchrun" if entry == "torchrun" else "python")
+    if settings.packages_to_install:
+        script = _pip_script(settings.packages_to_install, settings.pip_index_urls, log_file) + script
+    prefix = ["mpirun", "--hostfile", "/etc/mpi/hostfile"] if entry == "mpirun" else []
+    return prefix + ["bash", "-c", script]
+
+
+def render_function(
+    runtime: dict[str, Any] | RuntimeTrainer,
+    settings: FunctionTrainerSettings,
+    *,
+    dataset: StorageSource | None = None,
+    model: StorageSource | None = None,
+) -> Rendered:
+    """The spec parts of ``train(runtime, initializer, CustomTrainer(func, func_args, packages_to_install, ...))``.
+
+    Raises:
+        InvalidSpecErrors: the runtime is a torchtune runtime, or the resources are invalid.
+    """
+    rt = _runtime(runtime)
+    if rt.is_torchtune:
+        raise InvalidSpecErrors(
+            [
+                ValidationError(
+                    "runtime",
+                    rt.name,
+                    "a runtime that runs training functions (torch, MPI, ...); torchtune runtimes take torchtune settings",
+                )
+            ]
+        )
+    trainer: dict[str, Any] = {}
+    if settings.num_nodes:
+        trainer["numNodes"] = settings.num_nodes
+    if settings.resources_per_node:
+        try:
+            trainer["resourcesPerNode"] = resources_per_node(settings.resources_per_node)
+        except ValidationError as e:
+            raise InvalidSpecErrors([e]) from None
+    trainer["command"] = function_command(rt, settings)
+    if settings.image:
+        trainer["image"] = settings.image
+    if settings.env:
+        trainer["env"] = [{"name": k, "value": v} for k, v in settings.env.items()]
+    spec: dict[str, Any] = {"runtimeRef": {"name": rt.name, "kind": rt.kind}, "trainer": trainer}
+    init = render_initializer(dataset, model)
+    if init:
+        spec["initializer"] = init
+    return Rendered(spec=spec)
