@@ -80,16 +80,18 @@ class KubernetesBackend:
         """The configured namespace, else the launcher pod's, else the kubeconfig context's, else ``default``."""
         return self._namespace or discovery.default_namespace()
 
-    def detect_api_version(self, namespace: str | None = None) -> ApiVersion:
+    def detect_api_version(self, namespace: str | None = None, *, runtime: tuple[str, str] | None = None) -> ApiVersion:
         """The Trainer API the cluster serves (``v2.2`` or ``v2.1``), unless one was forced."""
         if self._api_version not in ("v2.1", "v2.2"):  # asked once per backend
-            self._api_version = discovery.detect_api_version(self.api, namespace=namespace or self.default_namespace(), policy=self.policy)
+            self._api_version = discovery.detect_api_version(
+                self.api, namespace=namespace or self.default_namespace(), policy=self.policy, runtime=runtime
+            )
         return self._api_version  # type: ignore[return-value]
 
     def resolve_runtime(self, inputs: TrainJobInputs) -> RuntimeInfo:
         """Fetch the referenced runtime; raise :class:`RuntimeNotFoundError` listing those that exist."""
         namespace = inputs.namespace or self.default_namespace()
-        api_version = self.detect_api_version(namespace)
+        api_version = self.detect_api_version(namespace, runtime=(inputs.runtime_kind, inputs.runtime))
         self.runtime = discovery.resolve_runtime(self.api, inputs, namespace=namespace, api_version=api_version, policy=self.policy)
         return self.runtime
 

@@ -20,7 +20,7 @@ import copy
 from typing import Any
 
 from .. import naming
-from ..errors import InvalidSpecErrors
+from ..errors import InvalidSpecErrors, ValidationError
 from .inputs import (
     ANNOTATION_RUN,
     ANNOTATION_TASK,
@@ -37,6 +37,7 @@ from .inputs import (
     TRAINER_JOBS,
     ApiVersion,
     TrainJobInputs,
+    dig,
     env_list,
 )
 from .policy import check_manifest
@@ -105,8 +106,23 @@ def _trainer(inputs: TrainJobInputs) -> dict[str, Any]:
     if ppn is not None:
         trainer["numProcPerNode"] = int(ppn) if isinstance(ppn, int) or str(ppn).isdecimal() else ppn
     if inputs.resources_per_node:
-        trainer["resourcesPerNode"] = copy.deepcopy(inputs.resources_per_node)
+        trainer["resourcesPerNode"] = _quantities_as_text(inputs.resources_per_node)
     return trainer
+
+
+def _quantities_as_text(resources: dict[str, Any]) -> dict[str, Any]:
+    """Resource quantities as strings (``8`` -> ``"8"``), as the API stores them after the Trainer webhook.
+
+    Example:
+        >>> _quantities_as_text({"limits": {"nvidia.com/gpu": 8, "memory": "16Gi"}})
+        {'limits': {'nvidia.com/gpu': '8', 'memory': '16Gi'}}
+    """
+    out = copy.deepcopy(resources)
+    for kind in ("limits", "requests"):
+        values = out.get(kind)
+        if isinstance(values, dict):
+            out[kind] = {k: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in values.items()}
+    return out
 
 
 def _initializer(inputs: TrainJobInputs) -> dict[str, Any]:
@@ -263,9 +279,29 @@ def render(
     if inputs.patch or runtime_jobs is not None or max_name_length is not None:
         base = build(inputs, api_version=api_version, runtime_jobs=runtime_jobs, max_name_length=max_name_length, merge_patch=False)
         errors = check_manifest(manifest, base=base, api_version=api_version, allow_host_access=allow_host_access, local=local)
+        if runtime_jobs is not None and not local:
+            errors += _check_initializer_jobs(manifest, runtime_jobs, patched=bool(inputs.patch))
         if errors:
             raise InvalidSpecErrors(errors)
     return manifest
+
+
+def _check_initializer_jobs(manifest: dict[str, Any], runtime_jobs: list[str], *, patched: bool) -> list[ValidationError]:
+    """The Trainer webhook refuses initializer input on a runtime without that initializer job: say so first."""
+    errors = []
+    for key, job in (("dataset", "dataset-initializer"), ("model", "model-initializer")):
+        if key in (dig(manifest, "spec", "initializer") or {}) and job not in runtime_jobs:
+            ref = dig(manifest, "spec", "runtimeRef") or {}
+            errors.append(
+                ValidationError(
+                    f"{key}_uri" if not patched else f"{key}_uri (or patch.spec.initializer.{key})",
+                    dig(manifest, "spec", "initializer", key, "storageUri"),
+                    f"no {key} initializer on runtime {ref.get('kind', '')}/{ref.get('name', '')}, which has no {job} job "
+                    f"(its jobs: {', '.join(runtime_jobs) or 'none'}): pick a runtime with one (e.g. a torchtune-* runtime), "
+                    f"or pass the {key} as an input artifact",
+                )
+            )
+    return errors
 
 
 def build_trainjob(*, api_version: ApiVersion = "v2.2", **inputs: Any) -> dict[str, Any]:

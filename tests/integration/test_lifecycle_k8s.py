@@ -307,7 +307,7 @@ def test_the_pipeline_runner_role_covers_submit_replace_and_delete(cluster, api_
     runner.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:pipeline-runner")
     try:
         kube = backend(runner, namespace)
-        assert kube.detect_api_version() == "v2.2"
+        assert kube.detect_api_version(runtime=("ClusterTrainingRuntime", "torch-distributed")) == "v2.2"
         stale = kube.submit(manifest(namespace, dead_launcher(), run="r1", env={"LR": "1"}))
         fresh = kube.submit(manifest(namespace, run="r1", env={"LR": "2"}))
         assert any("replaced stale" in n for n in fresh.notes) and get_trainjob(api_client, namespace, stale.ref.name) is None

@@ -114,7 +114,7 @@ CUSTOM_CASES = {
             "pip_index_urls": ["https://pypi.org/simple", "https://download.pytorch.org/whl/cpu"],
             "image": "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime",
         },
-        "dataset": {"storage_uri": "hf://tatsu-lab/alpaca"},
+        # no initializer: the Trainer webhook refuses one on a runtime without initializer jobs
     },
     "mpi_function": {"runtime": "deepspeed-distributed", "func": "train_classifier", "trainer": {"packages_to_install": ["deepspeed"]}},
     "python_function": {"runtime": "jax-distributed", "func": "train_classifier", "trainer": {"func_args": {"lr": 0.1}}},

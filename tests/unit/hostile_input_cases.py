@@ -168,7 +168,7 @@ INPUT_CASES: list[Case] = [
     Case(
         "resources-at-the-limits",
         {"resources_per_node": {"limits": {"memory": "7Ei", "cpu": "0", "nvidia.com/gpu": 8}}},
-        check=lambda m: trainer(m)["resourcesPerNode"]["limits"] == {"memory": "7Ei", "cpu": "0", "nvidia.com/gpu": 8},
+        check=lambda m: trainer(m)["resourcesPerNode"]["limits"] == {"memory": "7Ei", "cpu": "0", "nvidia.com/gpu": "8"},
     ),
     # ------------------------------------------------------------------ initializers
     Case("dataset-s3-traversal", {"dataset_uri": "s3://bucket/../../etc"}, "dataset_uri"),
@@ -190,7 +190,8 @@ INPUT_CASES: list[Case] = [
     Case("model-env-secret", {"model_uri": "s3://b/m", "model_env": {"SECRET_ACCESS_KEY": AWS_KEY}}, "model_env[0].value"),
     Case(
         "initializers-by-reference",
-        {"dataset_uri": "hf://tatsu-lab/alpaca@main", "dataset_secret": "hf-token", "model_uri": "s3://models/v1.2/qwen"},
+        # a runtime with initializer jobs: the Trainer webhook refuses initializers on one without
+        {"runtime": "torchtune-qwen2.5-1.5b", "dataset_uri": "hf://tatsu-lab/alpaca@main", "dataset_secret": "hf-token", "model_uri": "s3://models/v1.2/qwen"},
         check=lambda m: (
             m["spec"]["initializer"]
             == {

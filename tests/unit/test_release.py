@@ -68,7 +68,9 @@ def test_the_workflow_passes_actionlint():
 
 
 def make_images(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-n", "images", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    # Run as a user would, not as a sub-make of `make test` (which prints "Entering directory").
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    return subprocess.run(["make", "-n", "images", *args], cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")

@@ -65,7 +65,7 @@ def test_v22_puts_trainer_initializer_and_pod_settings_where_the_api_expects_the
         "env": [{"name": "EPOCHS", "value": "3"}],
         "numNodes": 2,
         "numProcPerNode": 4,
-        "resourcesPerNode": {"limits": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": 1}},
+        "resourcesPerNode": {"limits": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"}},
     }
     assert spec["initializer"]["dataset"] == {"storageUri": "hf://tatsu-lab/alpaca", "secretRef": {"name": "hf-token"}}
     assert spec["initializer"]["model"] == {

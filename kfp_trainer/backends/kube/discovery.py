@@ -54,21 +54,28 @@ def default_namespace() -> str:
         return "default"
 
 
-def detect_api_version(api: ApiClient, *, namespace: str, policy: RetryPolicy = RetryPolicy()) -> ApiVersion:
+def detect_api_version(
+    api: ApiClient, *, namespace: str, policy: RetryPolicy = RetryPolicy(), runtime: tuple[str, str] | None = None
+) -> ApiVersion:
     """The Trainer API the cluster serves: ``v2.2`` (runtimePatches) or ``v2.1`` (podTemplateOverrides).
+
+    A server-side dry run of a tiny TrainJob answers it (nothing is stored). It names
+    ``runtime`` (kind, name) when given -- the runtime the job will use -- so the Trainer's
+    validating webhook has no reason to deny the probe.
 
     Raises:
         UserError: The cluster serves no TrainJob kind, or neither field.
     """
-    return _probe(api, namespace, policy) or _from_openapi(api, policy)
+    return _probe(api, namespace, policy, runtime or ("ClusterTrainingRuntime", PROBE_RUNTIME)) or _from_openapi(api, policy)
 
 
-def _probe(api: ApiClient, namespace: str, policy: RetryPolicy) -> ApiVersion | None:
+def _probe(api: ApiClient, namespace: str, policy: RetryPolicy, runtime: tuple[str, str]) -> ApiVersion | None:
+    kind, name = runtime
     body = {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
         "metadata": {"generateName": "kfp-trainer-api-probe-"},
-        "spec": {"runtimeRef": {"apiGroup": GROUP, "kind": "ClusterTrainingRuntime", "name": PROBE_RUNTIME}, "runtimePatches": []},
+        "spec": {"runtimeRef": {"apiGroup": GROUP, "kind": kind, "name": name}, "runtimePatches": []},
     }
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
     query = [("dryRun", "All"), ("fieldValidation", "Strict")]
