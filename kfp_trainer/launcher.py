@@ -48,8 +48,9 @@ log = logging.getLogger(__name__)
 class LaunchOptions:
     """Launcher policies. Times are in seconds; 0 means no limit."""
 
-    start_timeout: float = 3600.0
+    start_timeout: float = 3600.0  # creation until the trainer runs, time queued (suspended) left out
     run_timeout: float = 0.0
+    queue_timeout: float = 0.0  # time suspended in the queue, in all
     blocker_grace: float = 300.0  # how long an unschedulable / image-pull problem may last
     fatal_blocker_grace: float = 10.0  # how long "resources / pods cannot be created" may last
     blocker_check_interval: float = 2.0  # the first check comes this long after submitting
@@ -163,7 +164,7 @@ class Launcher:
         budget = min(naming.max_name_length(), naming.max_name_length(info.replicated_jobs))
         manifest = spec.render(
             inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget, local=local,
-            allow_host_access=info.allow_host_access,
+            allow_host_access=info.allow_host_access, init_containers=info.init_container_names,
         )
         return owner.annotate(manifest), info.api_version, f"{info.kind}/{info.name}"
 

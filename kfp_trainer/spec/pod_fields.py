@@ -75,12 +75,20 @@ def check_security_context(field: str, value: Any, keys: Sequence[str], allow_ho
     sysctls = value.get("sysctls", [])
     if not isinstance(sysctls, list) or not all(isinstance(s, dict) and set(s) == {"name", "value"} for s in sysctls):
         errors.append(ValidationError(f"{field}.sysctls", sysctls, "a list of {name, value}"))
-    errors += rules.check_structure(field, value)
+    errors += rules.check_structure(field, value) or [e for text in _strings(value) for e in rules.check_secret_text(field, text)][:1]
     if not errors and allow_host_access is False:
         for where, setting in host_settings(value):
             path = field + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where)
             errors.append(ValidationError(path, setting, _HOST_ADMIN))
     return errors
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
 
 
 def _int_in(value: Any, low: int, high: int) -> bool:

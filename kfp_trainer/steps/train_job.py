@@ -94,6 +94,7 @@ def run_train_job(
     report: Any,
     trainjob_path: str,
     backend_factory: Callable[[str], Any] | None = None,
+    queue_timeout: float = 0.0,
 ) -> Any:
     """Run one TrainJob for the ``train_job`` component and fill its outputs.
 
@@ -114,6 +115,7 @@ def run_train_job(
         report: Output HTML artifact.
         trainjob_path: File to write ``namespace/name`` to (written as soon as it is known).
         backend_factory: Test hook replacing :func:`~kfp_trainer.backends.select_backend`.
+        queue_timeout: Seconds the job may wait suspended in its queue; 0 = no limit.
 
     Returns:
         The launcher's ``Outcome``.
@@ -140,7 +142,7 @@ def run_train_job(
     if unresolved(workspace_path):
         workspace_path = ""
     check_launch_options(
-        start_timeout=start_timeout, run_timeout=run_timeout, logs=logs, backend=backend or "auto",
+        start_timeout=start_timeout, run_timeout=run_timeout, queue_timeout=queue_timeout, logs=logs, backend=backend or "auto",
         workspace_path=workspace_path, delete_after_success=delete_after_success,
     )
     merged = merge_task_config(given, task_config)
@@ -169,7 +171,8 @@ def run_train_job(
         Path(trainjob_path).write_text(str(ref))
 
     options = LaunchOptions(
-        start_timeout=float(start_timeout or 0), run_timeout=float(run_timeout or 0), logs=str(logs or "0"),
+        start_timeout=float(start_timeout or 0), run_timeout=float(run_timeout or 0), queue_timeout=float(queue_timeout or 0),
+        logs=str(logs or "0"),
         # the model lives on the shared volume or in the artifact, not in the TrainJob: safe to delete
         delete_after_success=bool(delete_after_success),
     )
