@@ -11,9 +11,10 @@ knows nothing of KFP. The launcher drives it:
     backend.diagnose(sub.ref)                       # on failure: pods, events, log tail
     backend.delete(sub.ref)                         # on cancel, time limit, or clean-up
 
-Two optional methods, used when a backend has them: ``reclaim(manifest, wait=...)`` deletes
-the job a cancelled :meth:`~Backend.submit` may have created (and says what it did), and
-``release(ref)`` stops whatever the backend keeps running for a job it no longer follows.
+Optional methods, used when a backend has them: ``reclaim(manifest, wait=...)`` deletes
+the job a cancelled :meth:`~Backend.submit` may have created (and says what it did),
+``release(ref)`` stops whatever the backend keeps running for a job it no longer follows, and
+``queue_notes(ref)`` says what the job's queue (Kueue) reported since the last call.
 """
 
 from __future__ import annotations
