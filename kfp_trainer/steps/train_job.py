@@ -221,6 +221,8 @@ def run_train_job(
     for name, value in sorted(best.items()):
         if finite(value) and value != final.get(name):  # best() holds scores only
             metrics.log_metric(f"best_{name}", float(value))
+    for state, seconds in outcome.times.items():  # where the step's time went: queued, starting, running
+        metrics.log_metric(f"{state}_seconds", round(float(seconds), 1))
     data = outcome_data(outcome, backend="local" if local else "kubernetes", extra={
         "output model": f"{output_model.metadata.get('weights')} weights, {output_model.metadata.get('format')}, {files} files",
         "base model": base_model or parsed.model_uri or "",
