@@ -318,8 +318,7 @@ class Launcher:
                     last_check = now
                     if times.state == "queued":
                         self._queue_notes(outcome.ref, queue)
-                    else:
-                        self._check_blockers(outcome.ref, blockers_seen, now)
+                    self._check_blockers(outcome.ref, blockers_seen, now)  # queued too: e.g. its JobSet cannot be made
             failing = False
         finally:
             close = getattr(statuses, "close", None)

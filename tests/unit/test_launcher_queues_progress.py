@@ -6,7 +6,7 @@ import pytest
 from test_launcher_policies import INPUTS, FakeClock, ScriptedBackend, launch
 
 from kfp_trainer.backends.base import Blocker, JobStatus, Phase
-from kfp_trainer.errors import TimeLimitError
+from kfp_trainer.errors import CannotStartError, TimeLimitError
 
 QUEUED = INPUTS.model_copy(update={"queue_name": "team-q", "suspend": True})
 
@@ -95,12 +95,14 @@ def test_what_the_queue_says_is_logged_once_each_while_queued():
     assert text.count("queue team-q: QuotaReserved") == 1
 
 
-def test_no_blocker_is_judged_while_the_job_is_queued():
+def test_a_job_that_can_never_start_fails_fast_even_while_queued():
     clock = FakeClock()
-    backend = ScriptedBackend([suspended()] + [5] * 20 + [JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED)], clock,
-                              blockers=[Blocker("Unschedulable", "0/1 nodes")])  # fmt: skip
-    launcher, _ = launch(backend, clock, blocker_grace=30)
-    assert launcher.run(QUEUED).succeeded
+    blocker = Blocker("TrainJobResourcesCreationFailed", "jobsets.jobset.x-k8s.io is forbidden: exceeded quota", fatal=True)
+    backend = ScriptedBackend([suspended()] + [5] * 20, clock, blockers=[blocker])
+    launcher, _ = launch(backend, clock, fatal_blocker_grace=10)
+    with pytest.raises(CannotStartError, match="exceeded quota"):
+        launcher.run(QUEUED)
+    assert len(backend.deleted) == 1 and clock.now <= 20
 
 
 def test_progress_gets_a_line_when_it_moves_not_for_every_report():
