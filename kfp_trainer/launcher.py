@@ -345,7 +345,7 @@ class Launcher:
         )
 
     def _on_phase(self, status: JobStatus, times: PhaseTimes, now: float, queue: str) -> None:
-        was, queued_before = times.state, times.totals(now)["queued"]
+        was, stretch = times.state, max(0.0, now - times.since)  # how long it has been in its current state
         times.observe(status.phase, now)
         if status.phase is Phase.SUSPENDED:
             why = f"{status.reason}: {status.message}".strip(": ")
@@ -354,18 +354,15 @@ class Launcher:
             self.say(f"TrainJob is {where} ({why}); waiting for {'Kueue' if queue else 'something'} to admit it ({limit})")
             return
         if was == "queued":
-            self.say(f"{'admitted' if queue else 'resumed'} after {duration(queued_before)} {'in ' + queue if queue else 'suspended'}")
+            self.say(f"{'admitted' if queue else 'resumed'} after {duration(stretch)} {'in ' + queue if queue else 'suspended'}")
         if status.phase is Phase.RUNNING:
             self.say("trainer is running")
         elif status.phase is Phase.PENDING:
             self.say("waiting for the trainer to start")
 
     def _queue_notes(self, ref: JobRef, queue: str) -> None:  # what the queue says (Kueue's Workload events), each once
-        notes = getattr(self.backend, "queue_notes", None)
-        if notes is None:
-            return
         try:
-            for note in notes(ref):
+            for note in getattr(self.backend, "queue_notes", lambda ref: [])(ref):
                 self.say(f"queue {queue or '?'}: {note}")
         except CancelledError:
             raise
