@@ -68,7 +68,8 @@ def cmd_launch(ns: argparse.Namespace) -> int:
         delete_after_success=ns.delete_after_success,
     )
     outcome = Launcher(backend, options).run(inputs)
-    print(json.dumps({"trainjob": str(outcome.ref), "phase": outcome.phase.value, "metrics": outcome.metrics.final()}))
+    print(json.dumps({"trainjob": str(outcome.ref), "phase": outcome.phase.value, "metrics": outcome.metrics.final(),
+                      "seconds": outcome.times}))  # fmt: skip
     return 0
 
 
