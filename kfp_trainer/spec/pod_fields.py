@@ -5,7 +5,9 @@ grace period and patches of the runtime's init containers reach the pods through
 ``runtimePatches`` (Trainer v2.2+; v2.1's ``podTemplateOverrides`` has only scheduling gates
 and init container env and mounts). What the Trainer API cannot do is refused here with the
 reason: it patches only **init containers its runtime defines** (env, volume mounts, security
-context -- not image or command), and ``terminationGracePeriodSeconds`` needs Trainer v2.3.
+context -- not image or command; the Trainer's webhook lets an unknown name through and the
+JobSet's Jobs then cannot be created, so :func:`check_runtime_init_containers` checks it against
+the runtime), and ``terminationGracePeriodSeconds`` needs Trainer v2.3.
 Host access in a security context (:mod:`~kfp_trainer.spec.host_access`) is refused unless the
 cluster admin allows it on the runtime.
 

@@ -108,6 +108,12 @@ def test_an_init_container_the_runtime_lacks_is_refused_before_anything_is_creat
         Launcher(backend, out=io.StringIO()).run(inp)
     lister = client.CustomObjectsApi(api_client).list_namespaced_custom_object
     assert lister(spec.GROUP, spec.VERSION, namespace, spec.PLURAL)["items"] == []
+    # Why the launcher checks: the Trainer's webhook accepts such a patch (it validates the runtime with the
+    # patches merged in), and the init container it adds has no image, so the JobSet's Jobs cannot be created.
+    body = spec.render(inp.model_copy(update={"name": "no-such-init"}))
+    client.CustomObjectsApi(api_client).create_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, spec.PLURAL, body)
+    failed = wait_for(lambda: events(api_client, namespace, "no-such-init", reason="JobCreationFailed"), 30, what="JobCreationFailed")
+    assert "initContainers[0].image: Required value" in failed[0].message
 
 
 def test_the_trainer_drops_file_key_ref_from_the_trainer_env_so_the_launcher_refuses_it(api_client, namespace):
