@@ -38,7 +38,10 @@ def cmd_render(ns: argparse.Namespace) -> int:
 
         backend = KubernetesBackend.from_config(ns.kubeconfig)
         info = backend.resolve_runtime(inputs.model_copy(update={"namespace": inputs.namespace or backend.default_namespace()}))
-        manifest = render(inputs, api_version=info.api_version, runtime_jobs=info.job_names, allow_host_access=info.allow_host_access)
+        manifest = render(
+            inputs, api_version=info.api_version, runtime_jobs=info.job_names, allow_host_access=info.allow_host_access,
+            init_containers=info.init_container_names,
+        )
     else:
         manifest = render(inputs, api_version=ns.api_version)
     yaml.safe_dump(manifest, sys.stdout, sort_keys=False)
@@ -51,7 +54,7 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     from .spec import check_launch_options
 
     inputs = inputs_from_args(ns)
-    check_launch_options(start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, logs=ns.logs)
+    check_launch_options(start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, queue_timeout=ns.queue_timeout, logs=ns.logs)
     if ns.local:
         from .backends.local import LocalBackend
 
@@ -61,10 +64,12 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
         backend = KubernetesBackend.from_config(ns.kubeconfig, api_version=ns.api_version)
     options = LaunchOptions(
-        start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, logs=ns.logs, delete_after_success=ns.delete_after_success
+        start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, queue_timeout=ns.queue_timeout, logs=ns.logs,
+        delete_after_success=ns.delete_after_success,
     )
     outcome = Launcher(backend, options).run(inputs)
-    print(json.dumps({"trainjob": str(outcome.ref), "phase": outcome.phase.value, "metrics": outcome.metrics.final()}))
+    print(json.dumps({"trainjob": str(outcome.ref), "phase": outcome.phase.value, "metrics": outcome.metrics.final(),
+                      "seconds": outcome.times}))  # fmt: skip
     return 0
 
 
@@ -223,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--local", action="store_true", help="run on this machine instead of a cluster")
     launch.add_argument("--start-timeout", type=float, default=3600.0)
     launch.add_argument("--run-timeout", type=float, default=0.0)
+    launch.add_argument("--queue-timeout", type=float, default=0.0, help="seconds the job may wait suspended in its queue")
     launch.add_argument("--logs", default="0", help="trainer node index, 'all' or 'none'")
     launch.add_argument("--delete-after-success", action="store_true")
     launch.set_defaults(func=cmd_launch)

@@ -43,8 +43,9 @@ _SIMPLE = (
     "model_secret",
     "service_account",
     "queue_name",
+    "managed_by",
 )
-_INT = ("num_nodes", "active_deadline_seconds")
+_INT = ("num_nodes", "active_deadline_seconds", "termination_grace_period_seconds")
 _JSON = (
     "resources_per_node",
     "labels",
@@ -59,6 +60,9 @@ _JSON = (
     "patch",
     "dataset_env",
     "model_env",
+    "security_context",
+    "container_security_context",
+    "init_containers",
 )
 
 
@@ -111,6 +115,7 @@ def add_input_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--args", dest="args", help="comma-separated, or a JSON list")
     group.add_argument("--env", dest="env", action="append", metavar="NAME=VALUE", help="repeatable")
     group.add_argument("--image-pull-secrets", dest="image_pull_secrets", help="comma-separated")
+    group.add_argument("--scheduling-gates", dest="scheduling_gates", help="comma-separated, or a JSON list")
     group.add_argument("--suspend", action="store_true", default=None)
     group.add_argument("--inputs-file", help="YAML/JSON file of inputs; flags override it")
 
@@ -171,7 +176,7 @@ def inputs_from_args(ns: argparse.Namespace) -> TrainJobInputs:
         value = getattr(ns, field)
         if value is not None:
             given[field] = value
-    for field in ("command", "args", "image_pull_secrets"):
+    for field in ("command", "args", "image_pull_secrets", "scheduling_gates"):
         if getattr(ns, field) is not None:
             given[field] = _split(field.replace("_", "-"), getattr(ns, field))
     if ns.env:

@@ -2,8 +2,13 @@
 
 The launcher is the same for every backend. It owns the policies a pipeline step needs:
 
-* two time limits: ``start_timeout`` (creation until a trainer runs: scheduling, queueing,
-  image pulls) and ``run_timeout`` (from then on); on either it deletes the TrainJob;
+* three time limits (:mod:`kfp_trainer.timing`): ``queue_timeout`` (suspended in a queue),
+  ``start_timeout`` (creation or admission until a trainer runs: scheduling, image pulls;
+  time queued left out) and ``run_timeout`` (from then on); on any it deletes the TrainJob;
+  the step's log says which queue the job waits in and why, and the outcome keeps the
+  seconds queued, starting and running;
+* the trainer's progress (``status.trainerStatus``) as a log line when it moves
+  (:mod:`kfp_trainer.trainer_status`);
 * "cannot start" detection: a blocker the backend reports (``TrainJobResourcesCreationFailed``,
   an unschedulable pod, an image that cannot be pulled) that lasts longer than its grace;
 * SIGTERM/SIGINT (a KFP cancel), from the first instruction on, ends with the TrainJob
@@ -40,6 +45,8 @@ from .backends.base import Backend, Blocker, JobRef, JobStatus, LogLine, Phase, 
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
 from .metrics import MetricSeries, from_trainer_status
 from .spec import TrainJobInputs
+from .timing import PhaseTimes, duration
+from .trainer_status import ProgressLog
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +55,9 @@ log = logging.getLogger(__name__)
 class LaunchOptions:
     """Launcher policies. Times are in seconds; 0 means no limit."""
 
-    start_timeout: float = 3600.0
+    start_timeout: float = 3600.0  # creation until the trainer runs, time queued (suspended) left out
     run_timeout: float = 0.0
+    queue_timeout: float = 0.0  # time suspended in the queue, in all
     blocker_grace: float = 300.0  # how long an unschedulable / image-pull problem may last
     fatal_blocker_grace: float = 10.0  # how long "resources / pods cannot be created" may last
     blocker_check_interval: float = 2.0  # the first check comes this long after submitting
@@ -76,6 +84,9 @@ class Outcome:
     timeline: list[tuple[float, str]] = field(default_factory=list)  # (unix time, event)
     status: dict[str, Any] = field(default_factory=dict)
     log_lines: int = 0
+    times: dict[str, float] = field(default_factory=dict)  # seconds queued, starting, running (:mod:`kfp_trainer.timing`)
+    queue: str = ""  # the Kueue LocalQueue the job was submitted to
+    progress: list[dict[str, Any]] = field(default_factory=list)  # trainerStatus history (:mod:`kfp_trainer.trainer_status`)
 
     @property
     def succeeded(self) -> bool:
@@ -163,7 +174,7 @@ class Launcher:
         budget = min(naming.max_name_length(), naming.max_name_length(info.replicated_jobs))
         manifest = spec.render(
             inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget, local=local,
-            allow_host_access=info.allow_host_access,
+            allow_host_access=info.allow_host_access, init_containers=info.init_container_names,
         )
         return owner.annotate(manifest), info.api_version, f"{info.kind}/{info.name}"
 
@@ -249,6 +260,9 @@ class Launcher:
     def _follow(self, outcome: Outcome) -> None:
         options = self.options
         begin = self.clock()
+        times, progress = PhaseTimes.at(begin), ProgressLog()
+        queue = str(spec.dig(outcome.manifest, "metadata", "labels", spec.QUEUE_LABEL) or "")
+        remote = spec.dig(outcome.manifest, "spec", "managedBy") == spec.MULTIKUEUE  # pods and logs are on a worker cluster
         started_at: list[float] = []
 
         def mark_started() -> None:
@@ -259,7 +273,9 @@ class Launcher:
         stop = threading.Event()
         printer = _Printer(self.out, outcome.metrics, options.logs == "all", mark_started)
         logs_thread = None
-        if options.logs != "none":
+        if remote:
+            self.say(f"{spec.MULTIKUEUE} runs this TrainJob on a worker cluster: its status is mirrored here, its pods and logs are there")
+        elif options.logs != "none":
             logs_thread = threading.Thread(
                 target=self.backend.follow_logs,
                 args=(outcome.ref,),
@@ -273,36 +289,36 @@ class Launcher:
         last_phase: Phase | None = None
         statuses = self.backend.watch(outcome.ref)
         failing = True
+        now = begin
         try:
             for status in statuses:
                 now = self.clock()
                 if status is not None:
                     outcome.status = status.raw
+                    line = progress.observe(status.raw, now - begin)
+                    if line:
+                        self.say(line)
                     if status.phase is not last_phase:
                         last_phase = status.phase
                         outcome.timeline.append((time.time(), status.phase.value + (f" ({status.reason})" if status.reason else "")))
-                        self._on_phase(status)
+                        self._on_phase(status, times, now, queue)
                     if status.phase is Phase.RUNNING:
                         mark_started()
                     if status.phase.finished:
                         outcome.phase, outcome.reason, outcome.message = status.phase, status.reason, status.message
                         break
-                if not started_at:
-                    if options.start_timeout and now - begin > options.start_timeout:
-                        raise TimeLimitError(
-                            f"TrainJob {outcome.ref} did not start within start_timeout={options.start_timeout:.0f}s",
-                            reason="StartTimeout",
-                            diagnosis=self._diagnose(outcome.ref, blockers_seen),
-                        )
-                    if now - last_check >= options.blocker_check_interval:
-                        last_check = now
-                        self._check_blockers(outcome.ref, blockers_seen, now)
-                elif options.run_timeout and now - started_at[0] > options.run_timeout:
-                    raise TimeLimitError(
-                        f"TrainJob {outcome.ref} ran longer than run_timeout={options.run_timeout:.0f}s",
-                        reason="RunTimeout",
-                        diagnosis=self._diagnose(outcome.ref, {}),
-                    )
+                if started_at and not times.started:  # the trainer printed before its pod turned ready
+                    times.observe(Phase.RUNNING, started_at[0])
+                limit = times.exceeded(now, start_timeout=options.start_timeout, queue_timeout=options.queue_timeout,
+                                       run_timeout=options.run_timeout, queue=queue)  # fmt: skip
+                if limit:
+                    diagnosis = self._diagnose(outcome.ref, {} if times.started else blockers_seen)
+                    raise TimeLimitError(f"TrainJob {outcome.ref} {limit[1]}", reason=limit[0], diagnosis=diagnosis)
+                if now - last_check >= options.blocker_check_interval and not (times.started or remote):
+                    last_check = now
+                    if times.state == "queued":
+                        self._queue_notes(outcome.ref, queue)
+                    self._check_blockers(outcome.ref, blockers_seen, now)  # queued too: e.g. its JobSet cannot be made
             failing = False
         finally:
             close = getattr(statuses, "close", None)
@@ -312,9 +328,14 @@ class Launcher:
                 stop.set()  # followers read what is left and return
                 logs_thread.join(min(1.0, options.log_drain_timeout) if failing else options.log_drain_timeout)
             outcome.log_lines = printer.count
-        outcome.metrics.extend(from_trainer_status(outcome.status))
+            outcome.times, outcome.queue, outcome.progress = times.totals(self.clock()), queue, list(progress.history)
+        outcome.metrics.extend(from_trainer_status(outcome.status if "trainerStatus" in outcome.status else progress.status()))
         if outcome.phase is Phase.SUCCEEDED:
-            self.say(f"TrainJob {outcome.ref} completed ({outcome.reason or 'Complete'})")
+            spent = outcome.times
+            self.say(
+                f"TrainJob {outcome.ref} completed ({outcome.reason or 'Complete'}): "
+                f"queued {duration(spent['queued'])}, starting {duration(spent['starting'])}, running {duration(spent['running'])}"
+            )
             return
         what = "was deleted while running" if outcome.phase is Phase.DELETED else "failed"
         raise JobFailedError(
@@ -323,13 +344,30 @@ class Launcher:
             diagnosis=self._diagnose(outcome.ref, {}),
         )
 
-    def _on_phase(self, status: JobStatus) -> None:
+    def _on_phase(self, status: JobStatus, times: PhaseTimes, now: float, queue: str) -> None:
+        was, stretch = times.state, max(0.0, now - times.since)  # how long it has been in its current state
+        times.observe(status.phase, now)
         if status.phase is Phase.SUSPENDED:
-            self.say(f"TrainJob is suspended ({status.reason}: {status.message}); waiting, e.g. for its queue to admit it")
-        elif status.phase is Phase.RUNNING:
+            why = f"{status.reason}: {status.message}".strip(": ")
+            limit = f"queue_timeout {self.options.queue_timeout:.0f}s" if self.options.queue_timeout else "no queue_timeout"
+            where = f"queued in LocalQueue {queue}" if queue else "suspended"
+            self.say(f"TrainJob is {where} ({why}); waiting for {'Kueue' if queue else 'something'} to admit it ({limit})")
+            return
+        if was == "queued":
+            self.say(f"{'admitted' if queue else 'resumed'} after {duration(stretch)} {'in ' + queue if queue else 'suspended'}")
+        if status.phase is Phase.RUNNING:
             self.say("trainer is running")
         elif status.phase is Phase.PENDING:
             self.say("waiting for the trainer to start")
+
+    def _queue_notes(self, ref: JobRef, queue: str) -> None:  # what the queue says (Kueue's Workload events), each once
+        try:
+            for note in getattr(self.backend, "queue_notes", lambda ref: [])(ref):
+                self.say(f"queue {queue or '?'}: {note}")
+        except CancelledError:
+            raise
+        except Exception as e:  # what the queue says is a courtesy: never fail the step for it
+            log.debug("queue notes unavailable: %s", e)
 
     def _check_blockers(self, ref: JobRef, seen: dict[str, float], now: float) -> None:
         current = self.backend.blockers(ref)

@@ -28,8 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .redaction import redact_text, shorten
+from .svg import MAX_POINTS, downsample, svg_chart
+from .timing import STATES, duration
 
-MAX_POINTS = 400  # per curve, after downsampling
 MAX_CHARTS = 12
 MAX_TIMELINE = 200
 MAX_TEXT = 2000
@@ -69,93 +70,6 @@ def _when(ts: Any) -> str:
         return _esc(ts)
 
 
-def downsample(points: Sequence[tuple[float, float]], limit: int = MAX_POINTS) -> list[tuple[float, float]]:
-    """Keep at most ``limit`` points: the first, the last, and each bucket's min and max.
-
-    Keeping extremes (not every n-th point) preserves spikes a plain stride would hide.
-
-    Example:
-        >>> len(downsample([(float(i), float(i % 7)) for i in range(10_000)], limit=100))
-        100
-    """
-    pts = list(points)
-    if len(pts) <= limit:
-        return pts
-    if limit < 4:
-        return [pts[0], pts[-1]][:limit]
-    buckets = (limit - 2) // 2
-    inner = pts[1:-1]
-    size = len(inner) / buckets
-    out = [pts[0]]
-    for b in range(buckets):
-        chunk = inner[int(b * size) : max(int((b + 1) * size), int(b * size) + 1)]
-        if not chunk:
-            continue
-        lo = min(chunk, key=lambda p: p[1])
-        hi = max(chunk, key=lambda p: p[1])
-        out.extend(sorted({lo, hi}, key=lambda p: p[0]) if lo != hi else [lo])
-    out.append(pts[-1])
-    return out[:limit]
-
-
-def _axis(value: float) -> str:
-    """A short axis label: at most 4 significant digits."""
-    return _esc(f"{value:.4g}")
-
-
-def _series_xy(points: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[float, float]], str]:
-    """(x, y) pairs of one metric and the x axis label: step, else epoch, else index."""
-    rows = [p for p in points if isinstance(p.get("value"), (int, float)) and math.isfinite(float(p["value"]))]
-    for key in ("step", "epoch"):
-        if rows and all(isinstance(p.get(key), (int, float)) for p in rows):
-            return [(float(p[key]), float(p["value"])) for p in rows], key
-    return [(float(i), float(p["value"])) for i, p in enumerate(rows)], "point"
-
-
-def svg_chart(name: str, points: Iterable[Mapping[str, Any]], *, width: int = 360, height: int = 200) -> str:
-    """An inline SVG line chart of one metric (x: step, epoch or point index)."""
-    xy, xlabel = _series_xy(points)
-    xy = downsample(xy)
-    left, right, top, bottom = 60, 10, 20, 28
-    w, h = width - left - right, height - top - bottom
-    title = f'<text x="{left}" y="13" style="font-size:12px;fill:#202124;font-weight:600">{_esc(name, 80)}</text>'
-    if not xy:
-        empty = f'<text x="{left}" y="{top + 20}">no values</text>'
-        return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{title}{empty}</svg>'
-    xs, ys = [p[0] for p in xy], [p[1] for p in xy]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if x1 == x0:
-        x0, x1 = x0 - 1, x1 + 1
-    if y1 == y0:
-        pad = abs(y0) * 0.05 or 1.0
-        y0, y1 = y0 - pad, y1 + pad
-
-    def sx(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * w
-
-    def sy(y: float) -> float:
-        return top + (1 - (y - y0) / (y1 - y0)) * h
-
-    coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in xy)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{_esc(name, 80)}">',
-        title,
-        f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#dadce0"/>',
-        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{_axis(y1)}</text>',
-        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_axis(y0)}</text>',
-        f'<text x="{left}" y="{height - 14}">{_fmt(x0)}</text>',
-        f'<text x="{left + w}" y="{height - 14}" text-anchor="end">{_fmt(x1)}</text>',
-        f'<text x="{left + w / 2:.0f}" y="{height - 3}" text-anchor="middle">{_esc(xlabel)}</text>',
-    ]
-    if len(xy) == 1:
-        parts.append(f'<circle cx="{sx(xy[0][0]):.1f}" cy="{sy(xy[0][1]):.1f}" r="3" fill="#1a73e8"/>')
-    else:
-        parts.append(f'<polyline fill="none" stroke="#1a73e8" stroke-width="1.5" points="{coords}"/>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[bool] | None = None) -> str:
     numeric = numeric or [False] * len(headers)
     head = "".join(f"<th>{_esc(h)}</th>" for h in headers) if any(headers) else ""
@@ -169,6 +83,9 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Seque
     return f"<table>{head_row}{''.join(body)}</table>"
 
 
+__all__ = ["MAX_POINTS", "downsample", "outcome_data", "render_html", "render_markdown", "svg_chart"]
+
+
 def _summary_rows(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
     rows: list[tuple[str, Any]] = [
         ("TrainJob", data.get("trainjob", "")),
@@ -179,6 +96,11 @@ def _summary_rows(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
     if data.get("reason") or data.get("message"):
         rows.append(("Reason", f"{data.get('reason', '')}: {data.get('message', '')}".strip(": ")))
     rows.append(("Adopted from an earlier try", "yes" if data.get("adopted") else "no"))
+    if data.get("queue"):
+        rows.append(("Kueue LocalQueue", data["queue"]))
+    times = data.get("times") or {}
+    if times:
+        rows.append(("Queued / starting / running", " / ".join(duration(float(times.get(k) or 0)) for k in STATES)))
     for key, label in (("backend", "Backend"), ("duration_seconds", "Duration (s)"), ("log_lines", "Log lines")):
         if data.get(key) not in (None, ""):
             rows.append((label, data[key]))
@@ -221,8 +143,10 @@ def render_html(data: Mapping[str, Any]) -> str:
             ``runtime``, ``api_version``, ``phase``, ``reason``, ``message``, ``adopted``,
             ``metrics`` (``{name: [{"value", "step", "epoch"}]}``), ``final`` and ``best``
             (``{name: value}``), ``timeline`` (``[(unix_time, event)]``), ``status`` (the
-            TrainJob's status; ``jobsStatus`` is shown per replicated job) and optional
-            ``extra`` (``{label: value}`` rows).
+            TrainJob's status; ``jobsStatus`` is shown per replicated job), ``queue`` and
+            ``times`` (seconds ``queued``, ``starting``, ``running``), ``progress`` (the
+            trainerStatus history: ``[{"seconds", "percent", "eta", "metrics", "updated"}]``)
+            and optional ``extra`` (``{label: value}`` rows).
 
     Returns:
         The HTML document.
@@ -247,6 +171,13 @@ def render_html(data: Mapping[str, Any]) -> str:
     rows = _final_best(data)
     if rows:
         parts.append(_table(["metric", "final", "best"], rows, [False, True, True]))
+    parts += _progress_section(data.get("progress") or [])
+    times = data.get("times") or {}
+    if times:
+        rows_s = [(k, float(times.get(k) or 0), duration(float(times.get(k) or 0))) for k in STATES]
+        parts.append("<h2>Time</h2>" + _table(["", "seconds", ""], rows_s, [False, True, False]))
+        parts.append("<p class='muted'>Queued: suspended, waiting for its queue to admit it; starting: until a trainer "
+                     "ran (scheduling, image pulls, initializers); running: from then on.</p>")  # fmt: skip
     extra = data.get("extra") or {}
     if extra:
         parts.append("<h2>Details</h2>" + _table(["", ""], list(extra.items())))
@@ -276,6 +207,28 @@ def render_html(data: Mapping[str, Any]) -> str:
         )
     parts.append("</body></html>")
     return "".join(parts)
+
+
+def _progress_section(history: Sequence[Any]) -> list[str]:
+    """The trainer's own progress reports (``status.trainerStatus``): a chart over time and the last values."""
+    points = [p for p in history if isinstance(p, Mapping)]
+    if not points:
+        return []
+    parts = ["<h2>Progress (reported by the trainer)</h2>"]
+    curve = [{"seconds": p.get("seconds"), "value": p.get("percent")} for p in points if p.get("percent") is not None]
+    if _is_curve(curve):
+        parts.append(f"<div class='charts'><div class='chart'>{svg_chart('progress %', curve)}</div></div>")
+    last = points[-1]
+    rows: list[tuple[str, Any]] = []
+    if last.get("percent") is not None:
+        rows.append(("progress", f"{_fmt(last['percent'])}%"))
+    if last.get("eta") is not None:
+        rows.append(("estimated time left", duration(float(last["eta"]))))
+    rows.append(("last reported", last.get("updated") or ""))
+    rows += [(name, value) for name, value in (last.get("metrics") or {}).items()]
+    parts.append(_table(["", ""], rows))
+    parts.append(f"<p class='muted'>{len(points)} progress update(s) seen.</p>")
+    return parts
 
 
 def _pair(item: Any) -> tuple[Any, Any]:
@@ -356,6 +309,9 @@ def outcome_data(outcome: Any, **extra: Any) -> dict[str, Any]:
         "timeline": [list(item) for item in getattr(outcome, "timeline", [])],
         "status": dict(getattr(outcome, "status", {}) or {}),
         "log_lines": getattr(outcome, "log_lines", None),
+        "times": dict(getattr(outcome, "times", {}) or {}),
+        "queue": getattr(outcome, "queue", ""),
+        "progress": list(getattr(outcome, "progress", []) or []),
     }
     timeline = data["timeline"]
     if len(timeline) >= 2:

@@ -11,9 +11,10 @@ knows nothing of KFP. The launcher drives it:
     backend.diagnose(sub.ref)                       # on failure: pods, events, log tail
     backend.delete(sub.ref)                         # on cancel, time limit, or clean-up
 
-Two optional methods, used when a backend has them: ``reclaim(manifest, wait=...)`` deletes
-the job a cancelled :meth:`~Backend.submit` may have created (and says what it did), and
-``release(ref)`` stops whatever the backend keeps running for a job it no longer follows.
+Optional methods, used when a backend has them: ``reclaim(manifest, wait=...)`` deletes
+the job a cancelled :meth:`~Backend.submit` may have created (and says what it did),
+``release(ref)`` stops whatever the backend keeps running for a job it no longer follows, and
+``queue_notes(ref)`` says what the job's queue (Kueue) reported since the last call.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class RuntimeInfo:
     replicated_jobs: tuple[tuple[str, int], ...] = ()  # (name, pods per job)
     framework: str = ""
     allow_host_access: bool = False  # the cluster admin allows host access (ClusterTrainingRuntime annotation)
+    init_containers: tuple[tuple[str, tuple[str, ...]], ...] | None = None  # (replicated job, its init containers); None: unknown
 
     @classmethod
     def from_runtime(cls, runtime: dict[str, Any], *, name: str, kind: str, api_version: ApiVersion, num_nodes: int | None) -> RuntimeInfo:
@@ -88,10 +90,12 @@ class RuntimeInfo:
         """
         spec = runtime.get("spec") or {}
         nodes = num_nodes or int((spec.get("mlPolicy") or {}).get("numNodes") or 1)
-        jobs = []
+        jobs, inits = [], []
         for rj in dig(spec, "template", "spec", "replicatedJobs") or []:
             parallelism = dig(rj, "template", "spec", "parallelism")
             jobs.append((str(rj.get("name")), nodes if rj.get("name") == "node" else int(parallelism or 1)))
+            containers = dig(rj, "template", "spec", "template", "spec", "initContainers") or []
+            inits.append((str(rj.get("name")), tuple(str(c.get("name")) for c in containers if isinstance(c, dict))))
         return cls(
             name=name,
             kind=kind,
@@ -100,6 +104,7 @@ class RuntimeInfo:
             framework=((runtime.get("metadata") or {}).get("labels") or {}).get("trainer.kubeflow.org/framework", ""),
             allow_host_access=kind == "ClusterTrainingRuntime"
             and dig(runtime, "metadata", "annotations", ALLOW_HOST_ACCESS_ANNOTATION) == "true",
+            init_containers=tuple(inits),
         )
 
     @property
@@ -111,6 +116,11 @@ class RuntimeInfo:
     def job_names(self) -> list[str]:
         """Names of the runtime's replicated jobs."""
         return [name for name, _ in self.replicated_jobs]
+
+    @property
+    def init_container_names(self) -> dict[str, list[str]] | None:
+        """The init containers of each replicated job (what ``init_containers`` may patch); None when unknown."""
+        return None if self.init_containers is None else {job: list(names) for job, names in self.init_containers}
 
     @property
     def trainer_job(self) -> str:

@@ -188,6 +188,10 @@ class KubernetesBackend:
         """Warning events (on the TrainJob, its JobSet and Jobs) and pod states that keep the job from starting."""
         return inspect.blockers(self._tracker(ref))
 
+    def queue_notes(self, ref: JobRef) -> list[str]:
+        """What Kueue said about the job's Workload (its events) since the last call, each message once."""
+        return inspect.queue_notes(self._tracker(ref))
+
     def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
         """Stream node ``nodes`` ("0", "3", or "all") of the trainer to ``sink`` until done or stopped."""
         replicated_job = self.runtime.trainer_job if self.runtime else "node"

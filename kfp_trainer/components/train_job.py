@@ -65,13 +65,20 @@ def train_job(
     service_account: Optional[str] = None,
     image_pull_secrets: Optional[list] = None,
     pod_targets: Optional[list] = None,
+    scheduling_gates: Optional[list] = None,
+    security_context: Optional[dict] = None,
+    container_security_context: Optional[dict] = None,
+    termination_grace_period_seconds: Optional[int] = None,
+    init_containers: Optional[list] = None,
     active_deadline_seconds: int = 0,
     suspend: Optional[bool] = None,
     queue_name: Optional[str] = None,
+    managed_by: Optional[str] = None,
     patch: Optional[dict] = None,
     backend: str = "auto",
     workspace_path: str = "",
     start_timeout: float = 3600.0,
+    queue_timeout: float = 0.0,
     run_timeout: float = 0.0,
     logs: str = "0",
     delete_after_success: bool = False,
@@ -131,13 +138,20 @@ def train_job(
         service_account: Service account of the trainer pods.
         image_pull_secrets: Names of image pull secrets of the trainer pods.
         pod_targets: More replicated jobs that get the pod settings (e.g. dataset-initializer).
+        scheduling_gates: Scheduling gate names of the trainer pods (they wait until something removes them).
+        security_context: Pod security context of the trainer pods (runAsUser, fsGroup, seccompProfile, ...; Trainer v2.2+).
+        container_security_context: Security context of the trainer container (readOnlyRootFilesystem, capabilities, ...; Trainer v2.2+).
+        termination_grace_period_seconds: Seconds the trainer pods get to stop after SIGTERM (Trainer v2.3+).
+        init_containers: Env, volumeMounts and securityContext for init containers the runtime defines, by name ({name, env, ...}).
         active_deadline_seconds: Server-side limit on the job's run time in seconds (Trainer v2.2+); 0 means none.
         suspend: Create the TrainJob suspended (e.g. for a queue to admit).
         queue_name: Kueue LocalQueue to submit to.
+        managed_by: Who runs the job: the Trainer (default) or kueue.x-k8s.io/multikueue (a worker cluster; needs queue_name).
         patch: Raw merge patch applied to the rendered TrainJob (expert use).
         backend: Where to run: auto (the cluster; local under kfp-trainer run --local), kubernetes or local.
         workspace_path: The pipeline workspace that carries artifacts to and from the TrainJob (filled in when the pipeline has one).
-        start_timeout: Seconds the job may take to start (scheduling, image pulls); 0 means no limit.
+        start_timeout: Seconds the job may take to start (scheduling, image pulls), not counting time queued; 0 means no limit.
+        queue_timeout: Seconds the job may wait suspended in its queue (Kueue) in all; 0 means no limit.
         run_timeout: Seconds the trainer may run once started; 0 means no limit.
         logs: Trainer node whose log is streamed (0, 1, ...), all, or none.
         delete_after_success: Delete the TrainJob after it succeeded and its model was copied.
@@ -145,8 +159,8 @@ def train_job(
 
     Returns:
         output_model: The trained model ({output_model}), with metadata: base model, weights (full or adapter), format, TrainJob, runtime.
-        metrics: Final values of the metrics the trainer printed, and best_<name> where the best differs.
-        report: HTML report: metric curves, final/best table, timeline, replicated jobs.
+        metrics: Final metric values the trainer printed, best_<name> where the best differs, seconds queued, starting and running.
+        report: HTML report: metric curves, progress, queued/starting/running times, final/best table, timeline, replicated jobs.
         trainjob: The TrainJob as namespace/name.
     """
     from kfp_trainer import steps
@@ -161,12 +175,16 @@ def train_job(
         "pod_annotations": pod_annotations, "volumes": volumes, "volume_mounts": volume_mounts,
         "node_selector": node_selector, "tolerations": tolerations, "affinity": affinity,
         "service_account": service_account, "image_pull_secrets": image_pull_secrets, "pod_targets": pod_targets,
-        "active_deadline_seconds": active_deadline_seconds or None, "suspend": suspend, "queue_name": queue_name, "patch": patch,
+        "scheduling_gates": scheduling_gates, "security_context": security_context,
+        "container_security_context": container_security_context,
+        "termination_grace_period_seconds": termination_grace_period_seconds, "init_containers": init_containers,
+        "active_deadline_seconds": active_deadline_seconds or None, "suspend": suspend, "queue_name": queue_name,
+        "managed_by": managed_by, "patch": patch,
     }
     steps.exit_on_error(
         lambda: steps.run_train_job(
             inputs=inputs, task_config=task_config, backend=backend, start_timeout=start_timeout,
-            run_timeout=run_timeout, logs=logs, delete_after_success=delete_after_success,
+            queue_timeout=queue_timeout, run_timeout=run_timeout, logs=logs, delete_after_success=delete_after_success,
             workspace_path=workspace_path, dataset=dataset, model=model, output_model=output_model,
             metrics=metrics, report=report, trainjob_path=trainjob,
         )

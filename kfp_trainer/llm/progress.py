@@ -273,10 +273,22 @@ class ProgressReporter:
         """
         if total_steps <= 0:
             return self.report(None, None, metrics, force=force)
-        done = max(0, min(step, total_steps))
+        return self.report_fraction(step / total_steps, metrics, force=force)
+
+    def report_fraction(self, done: float, metrics: Mapping[str, object] | None = None, *, force: bool = False) -> bool:
+        """Report that the fraction ``done`` (0..1) of the work is done, with an ETA from the time so far.
+
+        For trainers whose end is a step count or a time budget, whichever comes first. Done (1.0)
+        is always sent.
+
+        Example:
+            >>> ProgressReporter(env={}).report_fraction(0.5, {"loss": 1.0})  # outside a TrainJob
+            False
+        """
+        done = max(0.0, min(float(done), 1.0)) if math.isfinite(done) else 0.0
         elapsed = self._clock() - self._started
-        eta = elapsed / done * (total_steps - done) if done else None
-        return self.report(100.0 * done / total_steps, eta, metrics, force=force or done >= total_steps)
+        eta = elapsed * (1.0 - done) / done if done > 0 else None
+        return self.report(100.0 * done, eta, metrics, force=force or done >= 1.0)
 
 
 _default: ProgressReporter | None = None

@@ -2,12 +2,14 @@
 
 * :mod:`~kfp_trainer.spec.inputs` -- :class:`TrainJobInputs` (the ``train_job`` component's
   inputs), the Trainer API's names and the size limits;
-* :mod:`~kfp_trainer.spec.rules` and :mod:`~kfp_trainer.spec.validate` -- :func:`validate`
+* :mod:`~kfp_trainer.spec.rules`, :mod:`~kfp_trainer.spec.env_rules`,
+  :mod:`~kfp_trainer.spec.pod_fields` and :mod:`~kfp_trainer.spec.validate` -- :func:`validate`
   checks every input at once and raises :class:`~kfp_trainer.errors.InvalidSpecErrors`
   naming each bad field, its value (secret-like values hidden) and what is allowed;
 * :mod:`~kfp_trainer.spec.policy` -- what the rendered job may contain once the ``patch``
-  is merged: the launcher's own fields kept, no credentials, no host access unless the
-  cluster admin allows it, a size the API server accepts;
+  is merged: the launcher's own fields kept, no credentials, no host access
+  (:mod:`~kfp_trainer.spec.host_access`) unless the cluster admin allows it, a size the API
+  server accepts;
 * :mod:`~kfp_trainer.spec.render` -- :func:`render` turns valid inputs into a
   ``trainer.kubeflow.org/v1alpha1`` TrainJob for Trainer v2.2+ (``runtimePatches``) or
   v2.1 (``podTemplateOverrides``).
@@ -39,10 +41,12 @@ from .inputs import (
     LABEL_TASK,
     LOCAL_SCHEMES,
     MANAGER,
+    MANAGERS,
     MAX_MANIFEST_BYTES,
     MAX_NODES,
     MAX_VALUE_BYTES,
     MODEL_SCHEMES,
+    MULTIKUEUE,
     PLURAL,
     QUEUE_LABEL,
     RESERVED_ENV_PREFIXES,
@@ -77,10 +81,12 @@ __all__ = [
     "LABEL_TASK",
     "LOCAL_SCHEMES",
     "MANAGER",
+    "MANAGERS",
     "MAX_MANIFEST_BYTES",
     "MAX_NODES",
     "MAX_VALUE_BYTES",
     "MODEL_SCHEMES",
+    "MULTIKUEUE",
     "PLURAL",
     "QUEUE_LABEL",
     "RESERVED_ENV_PREFIXES",

@@ -41,7 +41,9 @@ ANNOTATION_TASK = LABEL_PREFIX + "task"
 # Set to "true" on a ClusterTrainingRuntime, it lets jobs of that runtime use host access.
 ALLOW_HOST_ACCESS_ANNOTATION = LABEL_PREFIX + "allow-host-access"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-TRAINER_CONTROLLER = "trainer.kubeflow.org/trainjob-controller"  # the only spec.managedBy the launcher follows
+TRAINER_CONTROLLER = "trainer.kubeflow.org/trainjob-controller"  # spec.managedBy: the Trainer runs the job here
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"  # spec.managedBy: Kueue's MultiKueue runs it on a worker cluster
+MANAGERS = (TRAINER_CONTROLLER, MULTIKUEUE)  # what the TrainJob CRD allows in spec.managedBy
 TRAINER_JOBS = ("node", "launcher")
 INITIALIZER_JOBS = ("dataset-initializer", "model-initializer")
 
@@ -137,13 +139,19 @@ class TrainJobInputs(BaseModel):
     service_account: Text = ""
     image_pull_secrets: list[Text] = Field(default_factory=list)
     pod_targets: list[Text] = Field(default_factory=list)
+    scheduling_gates: list[Text] = Field(default_factory=list)
+    security_context: dict[Text, Any] = Field(default_factory=dict)  # the pods' PodSecurityContext
+    container_security_context: dict[Text, Any] = Field(default_factory=dict)  # the trainer container's SecurityContext
+    termination_grace_period_seconds: int | None = None
+    init_containers: list[dict[Text, Any]] = Field(default_factory=list)  # patches of the runtime's init containers
     # lifecycle
     active_deadline_seconds: int | None = None
     suspend: Annotated[bool, Strict()] = False
     queue_name: Text = ""
+    managed_by: Text = ""
     patch: dict[Text, Any] = Field(default_factory=dict)
 
-    @field_validator("num_nodes", "active_deadline_seconds", mode="before")
+    @field_validator("num_nodes", "active_deadline_seconds", "termination_grace_period_seconds", mode="before")
     @classmethod
     def _counts_are_whole_numbers(cls, value: Any) -> Any:
         return _whole_number(value)
@@ -187,9 +195,16 @@ class TrainJobInputs(BaseModel):
     def digest(self) -> str:
         """Digest of what the job runs (identity fields left out): tells iterations apart."""
         content = self.model_dump(exclude={"name", "name_prefix", "run_id", "task_name", "pipeline_name"})
+        for key in _LEFT_OUT_WHEN_UNSET:  # inputs added later: unset, they keep the names of jobs made before them
+            if content.get(key) in (None, "", [], {}):
+                content.pop(key, None)
         return naming.digest(json.dumps(content, sort_keys=True, default=str))
 
 
+_LEFT_OUT_WHEN_UNSET = (
+    "scheduling_gates", "security_context", "container_security_context", "termination_grace_period_seconds", "init_containers",
+    "managed_by",
+)
 _ENV_FIELDS = ("env", "dataset_env", "model_env")
 _ENV_EXPECTED = "a map of NAME to string value, or a list of EnvVar objects ({name, value} or {name, valueFrom})"
 

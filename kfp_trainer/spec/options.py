@@ -31,6 +31,7 @@ def check_launch_options(
     *,
     start_timeout: Any = 0.0,
     run_timeout: Any = 0.0,
+    queue_timeout: Any = 0.0,
     logs: Any = "0",
     backend: Any = "auto",
     workspace_path: Any = "",
@@ -39,15 +40,16 @@ def check_launch_options(
     """Raise :class:`InvalidSpecErrors` naming every launcher option that is not usable.
 
     Args:
-        start_timeout: Seconds the job may take to start; 0 means no limit.
+        start_timeout: Seconds the job may take to start, time queued left out; 0 means no limit.
         run_timeout: Seconds the trainer may run; 0 means no limit.
+        queue_timeout: Seconds the job may wait suspended in its queue; 0 means no limit.
         logs: Trainer node index (``"0"``), ``"all"`` or ``"none"``.
         backend: ``auto``, ``kubernetes`` or ``local``.
         workspace_path: ``""`` or the absolute path of the pipeline workspace (no ``..``).
         delete_after_success: A boolean.
     """
     errors: list[ValidationError] = []
-    for field, value in (("start_timeout", start_timeout), ("run_timeout", run_timeout)):
+    for field, value in (("start_timeout", start_timeout), ("run_timeout", run_timeout), ("queue_timeout", queue_timeout)):
         if not _seconds(value):
             errors.append(ValidationError(field, value, "a number of seconds >= 0 (0 means no limit)"))
     if not rules.ok(_LOGS, str(logs) if isinstance(logs, int) and not isinstance(logs, bool) else logs):

@@ -8,8 +8,8 @@ again as a whole, and the launcher's own fields are compared with what it render
   (use the ``name``/``namespace`` inputs), the lineage labels and annotations under
   ``kfp-trainer.kubeflow.org/`` and ``app.kubernetes.io/managed-by`` (they tie the job to its
   run and task: adoption, replacement and garbage collection rely on them),
-  ``spec.runtimeRef`` (use ``runtime``/``runtime_kind``), ``spec.managedBy`` (only the
-  Trainer controller, which the launcher follows), and no ``finalizers``,
+  ``spec.runtimeRef`` (use ``runtime``/``runtime_kind``), ``spec.managedBy`` (use
+  ``managed_by``), and no ``finalizers``,
   ``ownerReferences`` or other metadata;
 * **checked like the inputs**: node counts, processes per node, env (reserved names,
   credentials as literal values anywhere), initializer URIs, labels, annotations, images,
@@ -17,7 +17,8 @@ again as a whole, and the launcher's own fields are compared with what it render
 * **host access** -- ``hostPath`` volumes, ``privileged`` or ``allowPrivilegeEscalation``
   containers, added capabilities, ``hostNetwork``/``hostPID``/``hostIPC``, host ports,
   bidirectional mount propagation, an unmasked ``/proc``, ``Unconfined`` seccomp or AppArmor
-  profiles and Windows host processes (what the PodSecurity *baseline* level forbids) -- is
+  profiles, Windows host processes, SELinux users, roles or non-container types and unsafe
+  sysctls (what the PodSecurity *baseline* level forbids, :mod:`~kfp_trainer.spec.host_access`) -- is
   refused unless the cluster admin allows it on the
   ClusterTrainingRuntime (annotation ``kfp-trainer.kubeflow.org/allow-host-access: "true"``;
   a namespaced TrainingRuntime cannot grant it, as namespace users may create those);
@@ -35,13 +36,15 @@ from typing import Any
 
 from ..errors import ValidationError
 from ..redaction import HIDDEN
-from . import rules
+from . import env_rules, rules
+from .host_access import host_settings
 from .inputs import (
     ALLOW_HOST_ACCESS_ANNOTATION,
     INITIALIZER_JOBS,
     INT64_MAX,
     LABEL_MANAGED_BY,
     LABEL_PREFIX,
+    MANAGERS,
     MAX_ANNOTATIONS_BYTES,
     MAX_DEPTH,
     MAX_MANIFEST_BYTES,
@@ -56,7 +59,6 @@ _SPEC_KEYS = {
     "v2.2": {"activeDeadlineSeconds", "initializer", "managedBy", "runtimePatches", "runtimeRef", "suspend", "trainer"},
     "v2.1": {"annotations", "initializer", "labels", "managedBy", "podTemplateOverrides", "runtimeRef", "suspend", "trainer"},
 }
-_HOST_FLAGS = ("hostNetwork", "hostPID", "hostIPC", "privileged", "allowPrivilegeEscalation")
 _HOST_ADMIN = (
     f"unset: host access is refused unless the cluster admin allows it on the ClusterTrainingRuntime "
     f'(annotation {ALLOW_HOST_ACCESS_ANNOTATION}: "true")'
@@ -149,11 +151,12 @@ class _Checker:
                     ("spec", key), "...", f"a TrainJob {self.api_version or ''} spec field: {', '.join(sorted(allowed))}".replace("  ", " ")
                 )
         self.fixed(("spec", "runtimeRef"), "set it with the runtime and runtime_kind inputs")
-        managed = spec.get("managedBy", TRAINER_CONTROLLER)
-        if managed != TRAINER_CONTROLLER:
-            self.add(
-                ("spec", "managedBy"), managed, f"unset or {TRAINER_CONTROLLER} (the launcher follows jobs the Trainer controller runs)"
-            )
+        managed, rendered = spec.get("managedBy") or TRAINER_CONTROLLER, get(self.base, ("spec", "managedBy"))
+        if managed != (TRAINER_CONTROLLER if rendered in (_ABSENT, None, "") else rendered):
+            want = rendered if isinstance(rendered, str) else "unset"
+            self.add(("spec", "managedBy"), managed, f"{want}: set it with the managed_by input")
+        elif managed not in MANAGERS:
+            self.add(("spec", "managedBy"), managed, f"unset, {' or '.join(MANAGERS)}")
         if "suspend" in spec and not isinstance(spec["suspend"], bool):
             self.add(("spec", "suspend"), spec["suspend"], "true or false")
         if "activeDeadlineSeconds" in spec and not _int_in(spec["activeDeadlineSeconds"], 1, INT64_MAX):
@@ -186,7 +189,7 @@ class _Checker:
                     self.errors += rules.check_args(self.name((*at, key)), items)
         if "env" in trainer:
             self.checked_env.add((*at, "env"))
-            self.errors += rules.check_env(self.name((*at, "env")), trainer["env"], reserved=RESERVED_ENV_PREFIXES)
+            self.errors += env_rules.check_env(self.name((*at, "env")), trainer["env"], reserved=RESERVED_ENV_PREFIXES, file_refs=False)
         if "resourcesPerNode" in trainer:
             self.errors += rules.check_resources(self.name((*at, "resourcesPerNode")), trainer["resourcesPerNode"])
 
@@ -206,7 +209,7 @@ class _Checker:
                 self.errors += rules.check_uri(self.name((*at, kind, "storageUri")), item["storageUri"], schemes)
             if "env" in item:
                 self.checked_env.add((*at, kind, "env"))
-                self.errors += rules.check_env(self.name((*at, kind, "env")), item["env"])
+                self.errors += env_rules.check_env(self.name((*at, kind, "env")), item["env"], file_refs=False)
             ref = item.get("secretRef")
             if ref is not None and not (isinstance(ref, dict) and rules.ok(rules.DNS_SUBDOMAIN, ref.get("name"), 253)):
                 self.add((*at, kind, "secretRef"), ref, "{name: <Secret name>}")
@@ -236,7 +239,7 @@ class _Checker:
                     self.add(path, key, "text keys without control characters")
                     continue
                 if key == "env" and isinstance(sub, list) and (*path, key) not in self.checked_env:
-                    self.errors += rules.check_env(self.name((*path, key)), sub)
+                    self.errors += env_rules.check_env(self.name((*path, key)), sub)
                     continue
                 self.walk((*path, key), sub)
         elif isinstance(value, list):
@@ -255,26 +258,8 @@ class _Checker:
     def check_host_access(self, path: Path, obj: dict[str, Any]) -> None:
         if self.allow_host_access is not False:  # allowed, or not known yet (render decides)
             return
-        for key in _HOST_FLAGS:
-            if obj.get(key) is True:
-                self.add((*path, key), True, _HOST_ADMIN)
-        if obj.get("hostPath") is not None:
-            self.add((*path, "hostPath"), obj["hostPath"], _HOST_ADMIN)
-        port = obj.get("hostPort")
-        if port not in (None, 0):
-            self.add((*path, "hostPort"), port, _HOST_ADMIN)
-        added = get(obj, ("capabilities", "add"))
-        if added not in (_ABSENT, None, []):
-            self.add((*path, "capabilities", "add"), added, _HOST_ADMIN)
-        if obj.get("mountPropagation") == "Bidirectional":
-            self.add((*path, "mountPropagation"), "Bidirectional", _HOST_ADMIN)
-        if obj.get("procMount") not in (None, "Default"):
-            self.add((*path, "procMount"), obj["procMount"], _HOST_ADMIN)
-        for profile in ("seccompProfile", "appArmorProfile"):
-            if get(obj, (profile, "type")) == "Unconfined":
-                self.add((*path, profile, "type"), "Unconfined", _HOST_ADMIN)
-        if get(obj, ("windowsOptions", "hostProcess")) is True:
-            self.add((*path, "windowsOptions", "hostProcess"), True, _HOST_ADMIN)
+        for where, value in host_settings(obj):
+            self.add((*path, *where), value, _HOST_ADMIN)
 
     def check_sizes(self) -> None:
         total = _json_size(self.manifest)

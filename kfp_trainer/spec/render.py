@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import naming
@@ -40,6 +41,7 @@ from .inputs import (
     dig,
     env_list,
 )
+from .pod_fields import check_runtime_init_containers
 from .policy import check_manifest
 from .validate import validate
 
@@ -142,15 +144,28 @@ def _initializer(inputs: TrainJobInputs) -> dict[str, Any]:
     return out
 
 
-def _pod_spec_patch(inputs: TrainJobInputs, job: str) -> dict[str, Any]:
+def _pod_spec_patch(inputs: TrainJobInputs, job: str, init_names: Sequence[str] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if inputs.service_account:
         spec["serviceAccountName"] = inputs.service_account
     if inputs.volumes:
         spec["volumes"] = copy.deepcopy(inputs.volumes)
+    container: dict[str, Any] = {"name": "node" if job in TRAINER_JOBS else job}
     if inputs.volume_mounts:
-        container = "node" if job in TRAINER_JOBS else job
-        spec["containers"] = [{"name": container, "volumeMounts": copy.deepcopy(inputs.volume_mounts)}]
+        container["volumeMounts"] = copy.deepcopy(inputs.volume_mounts)
+    if inputs.container_security_context:
+        container["securityContext"] = copy.deepcopy(inputs.container_security_context)
+    if len(container) > 1:
+        spec["containers"] = [container]
+    inits = [copy.deepcopy(c) for c in inputs.init_containers if init_names is None or c.get("name") in init_names]
+    if inits:
+        spec["initContainers"] = inits
+    if inputs.security_context:
+        spec["securityContext"] = copy.deepcopy(inputs.security_context)
+    if inputs.scheduling_gates:
+        spec["schedulingGates"] = [{"name": gate} for gate in inputs.scheduling_gates]
+    if inputs.termination_grace_period_seconds is not None:
+        spec["terminationGracePeriodSeconds"] = inputs.termination_grace_period_seconds
     if inputs.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": s} for s in inputs.image_pull_secrets]
     if inputs.node_selector:
@@ -190,6 +205,7 @@ def build(
     runtime_jobs: list[str] | None = None,
     max_name_length: int | None = None,
     merge_patch: bool = True,
+    init_containers: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """The manifest (patch merged unless ``merge_patch=False``), unchecked: for :func:`render` and the validator."""
     lineage = lineage_labels(inputs)
@@ -213,6 +229,8 @@ def build(
         spec["suspend"] = True
     if inputs.active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = inputs.active_deadline_seconds
+    if inputs.managed_by:
+        spec["managedBy"] = inputs.managed_by
 
     jobset_labels = {**lineage, **inputs.labels}
     pod_labels = {**lineage, **inputs.pod_labels}
@@ -224,7 +242,7 @@ def build(
         overrides = []
         for job in targets:
             override: dict[str, Any] = {"targetJobs": [{"name": job}], "metadata": _metadata(pod_labels, inputs.pod_annotations)}
-            pod_spec = _pod_spec_patch(inputs, job)
+            pod_spec = _pod_spec_patch(inputs, job, None if init_containers is None else init_containers.get(job, ()))
             if pod_spec:
                 override["spec"] = pod_spec
             overrides.append(override)
@@ -232,7 +250,8 @@ def build(
     else:
         replicated = []
         for job in targets:
-            template = {"metadata": _metadata(pod_labels, inputs.pod_annotations), "spec": _pod_spec_patch(inputs, job)}
+            inits = None if init_containers is None else init_containers.get(job, ())
+            template = {"metadata": _metadata(pod_labels, inputs.pod_annotations), "spec": _pod_spec_patch(inputs, job, inits)}
             replicated.append({"name": job, "template": {"spec": {"template": {k: v for k, v in template.items() if v}}}})
         spec["runtimePatches"] = [
             {
@@ -254,6 +273,7 @@ def render(
     max_name_length: int | None = None,
     local: bool = False,
     allow_host_access: bool = False,
+    init_containers: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Validate ``inputs`` and render the TrainJob manifest for ``api_version``.
 
@@ -266,6 +286,8 @@ def render(
         local: Render for the local backend (accepts ``builtin://`` and ``file://`` URIs).
         allow_host_access: The runtime allows host access (hostPath volumes, privileged
             containers, host namespaces and ports); see :mod:`kfp_trainer.spec.policy`.
+        init_containers: The runtime's init container names per replicated job, when known:
+            ``init_containers`` inputs must name one of them (the Trainer API patches only those).
 
     Returns:
         The TrainJob as a dict, ready for ``kubectl apply`` or the API.
@@ -275,9 +297,16 @@ def render(
             (all problems listed).
     """
     validate(inputs, api_version=api_version, local=local, allow_host_access=allow_host_access)
-    manifest = build(inputs, api_version=api_version, runtime_jobs=runtime_jobs, max_name_length=max_name_length)
+    if init_containers is not None and inputs.init_containers:
+        errors = check_runtime_init_containers(inputs, pod_targets(inputs, runtime_jobs), init_containers)
+        if errors:
+            raise InvalidSpecErrors(errors)
+    shape: dict[str, Any] = dict(
+        api_version=api_version, runtime_jobs=runtime_jobs, max_name_length=max_name_length, init_containers=init_containers
+    )
+    manifest = build(inputs, **shape)
     if inputs.patch or runtime_jobs is not None or max_name_length is not None:
-        base = build(inputs, api_version=api_version, runtime_jobs=runtime_jobs, max_name_length=max_name_length, merge_patch=False)
+        base = build(inputs, **shape, merge_patch=False)
         errors = check_manifest(manifest, base=base, api_version=api_version, allow_host_access=allow_host_access, local=local)
         if runtime_jobs is not None and not local:
             errors += _check_initializer_jobs(manifest, runtime_jobs, patched=bool(inputs.patch))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .. import naming
 from ..errors import InvalidSpecErrors, ValidationError
-from . import rules
+from . import env_rules, rules
 from .inputs import (
     ALLOW_HOST_ACCESS_ANNOTATION,
     API_VERSIONS,
@@ -34,6 +34,7 @@ from .inputs import (
     TrainJobInputs,
     env_list,
 )
+from .pod_fields import check_pod_fields
 
 _TOLERATION_OPERATORS = ("Exists", "Equal")
 _TOLERATION_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -134,7 +135,7 @@ def _check_trainer(inputs: TrainJobInputs, api_version: ApiVersion | None) -> li
     e += rules.check_resources("resources_per_node", inputs.resources_per_node) or rules.check_structure(
         "resources_per_node", inputs.resources_per_node
     )
-    e += rules.check_env("env", env_list(inputs.env), reserved=RESERVED_ENV_PREFIXES)
+    e += env_rules.check_env("env", env_list(inputs.env), reserved=RESERVED_ENV_PREFIXES, file_refs=False)
     return e
 
 
@@ -145,8 +146,8 @@ def _check_initializers(inputs: TrainJobInputs, local: bool) -> list[ValidationE
     e += rules.check_uri("model_uri", inputs.model_uri, MODEL_SCHEMES + extra)
     e += rules.check_dns_name("dataset_secret", inputs.dataset_secret, "Secret")
     e += rules.check_dns_name("model_secret", inputs.model_secret, "Secret")
-    e += rules.check_env("dataset_env", env_list(inputs.dataset_env))
-    e += rules.check_env("model_env", env_list(inputs.model_env))
+    e += env_rules.check_env("dataset_env", env_list(inputs.dataset_env), file_refs=False)
+    e += env_rules.check_env("model_env", env_list(inputs.model_env), file_refs=False)
     for field, uri, secret, env in (
         ("dataset", inputs.dataset_uri, inputs.dataset_secret, inputs.dataset_env),
         ("model", inputs.model_uri, inputs.model_secret, inputs.model_env),
@@ -253,6 +254,7 @@ def validate(
         e += rules.check_structure(field, getattr(inputs, field))
     e += _check_volumes(inputs, allow_host_access) + _check_scheduling(inputs)
     e += _check_lifecycle(inputs, api_version)
+    e += check_pod_fields(inputs, api_version, allow_host_access)
     if not e:
         e += _check_rendered(inputs, api_version, local, allow_host_access)
     if e:

@@ -94,6 +94,7 @@ def run_train_job(
     report: Any,
     trainjob_path: str,
     backend_factory: Callable[[str], Any] | None = None,
+    queue_timeout: float = 0.0,
 ) -> Any:
     """Run one TrainJob for the ``train_job`` component and fill its outputs.
 
@@ -114,6 +115,7 @@ def run_train_job(
         report: Output HTML artifact.
         trainjob_path: File to write ``namespace/name`` to (written as soon as it is known).
         backend_factory: Test hook replacing :func:`~kfp_trainer.backends.select_backend`.
+        queue_timeout: Seconds the job may wait suspended in its queue; 0 = no limit.
 
     Returns:
         The launcher's ``Outcome``.
@@ -140,7 +142,7 @@ def run_train_job(
     if unresolved(workspace_path):
         workspace_path = ""
     check_launch_options(
-        start_timeout=start_timeout, run_timeout=run_timeout, logs=logs, backend=backend or "auto",
+        start_timeout=start_timeout, run_timeout=run_timeout, queue_timeout=queue_timeout, logs=logs, backend=backend or "auto",
         workspace_path=workspace_path, delete_after_success=delete_after_success,
     )
     merged = merge_task_config(given, task_config)
@@ -169,7 +171,8 @@ def run_train_job(
         Path(trainjob_path).write_text(str(ref))
 
     options = LaunchOptions(
-        start_timeout=float(start_timeout or 0), run_timeout=float(run_timeout or 0), logs=str(logs or "0"),
+        start_timeout=float(start_timeout or 0), run_timeout=float(run_timeout or 0), queue_timeout=float(queue_timeout or 0),
+        logs=str(logs or "0"),
         # the model lives on the shared volume or in the artifact, not in the TrainJob: safe to delete
         delete_after_success=bool(delete_after_success),
     )
@@ -218,6 +221,8 @@ def run_train_job(
     for name, value in sorted(best.items()):
         if finite(value) and value != final.get(name):  # best() holds scores only
             metrics.log_metric(f"best_{name}", float(value))
+    for state, seconds in outcome.times.items():  # where the step's time went: queued, starting, running
+        metrics.log_metric(f"{state}_seconds", round(float(seconds), 1))
     data = outcome_data(outcome, backend="local" if local else "kubernetes", extra={
         "output model": f"{output_model.metadata.get('weights')} weights, {output_model.metadata.get('format')}, {files} files",
         "base model": base_model or parsed.model_uri or "",

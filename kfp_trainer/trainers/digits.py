@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..llm.progress import ProgressReporter
 from ._common import dist_env, emit, threads_per_process
 
 CLASSES = list(range(10))
@@ -151,6 +152,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     ddp = DistributedDataParallel(model) if distributed else model
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.learning_rate, momentum=0.9)
     started, steps, summary = time.monotonic(), 0, {}
+    reporter = ProgressReporter()  # to the Trainer's status server (TrainJobStatus gate), rank 0 only; else a no-op
     for epoch in range(1, args.epochs + 1):
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(args.seed + epoch))
         shard = order[env.rank :: env.world_size]
@@ -173,6 +175,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         }
         if env.is_main:
             emit(summary)
+            reporter.report_step(epoch, args.epochs, summary)
     summary.update({"world_size": env.world_size, "steps": steps, "train_runtime": round(time.monotonic() - started, 2)})
     if env.is_main:
         save(model, args, summary)

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kfp_trainer.llm.progress import ProgressReporter
 from kfp_trainer.trainers._common import (
     DistEnv,
     collate,
@@ -287,6 +288,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         return float(t.item())
 
     budget = args.time_budget_seconds
+    reporter = ProgressReporter()  # to the Trainer's status server (TrainJobStatus gate), rank 0 only; else a no-op
     elapsed = 0.0
     step = 0
     loss_sum_total = 0.0
@@ -346,6 +348,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                             "learning_rate": float(f"{lr:.6g}"),
                         }
                     )
+                    done = max(step / args.max_steps, elapsed / budget if budget else 0.0)
+                    if done < 1.0:  # the end is reported once, with the summary
+                        reporter.report_fraction(done, {"loss": round(mean_loss, 6), "learning_rate": f"{lr:.6g}"})
                 loss_sum_interval = 0.0
                 interval_steps = 0
     runtime = time.perf_counter() - start
@@ -364,6 +369,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     }
     if env.is_main:
         emit(summary)
+        reporter.report_fraction(1.0, {k: summary[k] for k in ("train_loss", "train_steps", "train_runtime")})
         save(model, tokenizer, args, summary, trainable_params=n_trainable)
         log(f"saved to {args.output_dir}")
     if distributed:

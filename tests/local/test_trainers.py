@@ -325,3 +325,51 @@ def test_sft_lora_without_peft_fails_clearly(model_dir: Path, dataset_dir: Path,
     )  # fmt: skip
     assert proc.returncode != 0
     assert "peft" in proc.stderr
+
+
+def test_sft_reports_its_progress_to_the_trainer_status_server_from_rank_zero_only(
+    model_dir: Path, dataset_dir: Path, tmp_path: Path
+) -> None:
+    """With the variables the Trainer injects under TrainJobStatus, the trainer posts its progress (rank 0 only)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    posts: list[tuple[str, str, dict[str, Any]]] = []
+
+    class StatusServer(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            posts.append((self.path, self.headers.get("Authorization", ""), body))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StatusServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "token").write_text("projected-token\n")
+    path = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ns/trainjobs/job/status"
+    os.environ.update({
+        "KUBEFLOW_TRAINER_SERVER_URL": f"http://127.0.0.1:{server.server_address[1]}{path}",
+        "KUBEFLOW_TRAINER_SERVER_TOKEN": str(tmp_path / "token"),
+    })  # fmt: skip
+    try:
+        proc = _torchrun(
+            2, "kfp_trainer.trainers.sft", "--model-dir", str(model_dir), "--dataset-dir", str(dataset_dir),
+            "--output-dir", str(tmp_path / "out"), "--max-steps", "12", "--logging-steps", "3", "--batch-size", "8",
+        )  # fmt: skip
+    finally:
+        for name in ("KUBEFLOW_TRAINER_SERVER_URL", "KUBEFLOW_TRAINER_SERVER_TOKEN"):
+            os.environ.pop(name, None)
+        server.shutdown()
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert {(p, auth) for p, auth, _ in posts} == {(path, "Bearer projected-token")}
+    statuses = [body["trainerStatus"] for _, _, body in posts]
+    assert statuses[0]["progressPercentage"] == 25 and {m["name"] for m in statuses[0]["metrics"]} == {"loss", "learning_rate"}
+    assert [s["progressPercentage"] for s in statuses].count(100) == 1  # one final report: rank 1 sent nothing
+    final = statuses[-1]
+    assert final["progressPercentage"] == 100 and final["estimatedRemainingSeconds"] == 0
+    summary = _json_lines(proc.stdout)[-1]
+    assert {m["name"]: m["value"] for m in final["metrics"]}["train_steps"] == str(summary["train_steps"]) == "12"

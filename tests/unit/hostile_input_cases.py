@@ -276,6 +276,83 @@ INPUT_CASES: list[Case] = [
     Case("pull-secret-bad", {"image_pull_secrets": ["Reg_Cred"]}, "image_pull_secrets[0]"),
     Case("pod-target-unknown", {"pod_targets": ["worker"]}, "pod_targets[0]"),
     Case("pod-target-newline", {"pod_targets": ["node\n"]}, "pod_targets[0]"),
+    Case("gate-space", {"scheduling_gates": ["example.com/my gate"]}, "scheduling_gates[0]"),
+    Case("gate-newline", {"scheduling_gates": ["example.com/gate\n"]}, "scheduling_gates[0]"),
+    Case("gate-twice", {"scheduling_gates": ["g", "g"]}, "scheduling_gates[1]"),
+    Case("gates-over-16", {"scheduling_gates": [f"g{i}" for i in range(17)]}, "scheduling_gates"),
+    Case(
+        "gates-accepted",
+        {"scheduling_gates": ["example.com/quota-ready", "ready"]},
+        check=lambda m: pod(m)["schedulingGates"] == [{"name": "example.com/quota-ready"}, {"name": "ready"}],
+    ),
+    Case("security-context-se-linux-spc", {"security_context": {"seLinuxOptions": {"type": "spc_t"}}}, "security_context.seLinuxOptions"),
+    Case("security-context-unsafe-sysctl", {"security_context": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}},
+         "security_context.sysctls[0].name"),  # fmt: skip
+    Case("security-context-unconfined", {"security_context": {"seccompProfile": {"type": "Unconfined"}}},
+         "security_context.seccompProfile"),  # fmt: skip
+    Case("security-context-run-as-text", {"security_context": {"runAsUser": "root"}}, "security_context.runAsUser"),
+    Case("security-context-unknown-key", {"security_context": {"privileged": True}}, "security_context.privileged"),
+    Case("security-context-on-v21", {"security_context": {"runAsNonRoot": True}}, "security_context", api_version="v2.1"),
+    Case("security-context-nan", {"security_context": {"fsGroup": float("nan")}}, "security_context.fsGroup"),
+    Case(
+        "security-context-accepted",
+        {"security_context": {"runAsUser": 1000, "runAsNonRoot": True, "fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"},
+                              "sysctls": [{"name": "net.ipv4.tcp_keepalive_time", "value": "60"}]}},
+        check=lambda m: pod(m)["securityContext"]["fsGroup"] == 2000 and pod(m)["securityContext"]["sysctls"][0]["value"] == "60",
+    ),  # fmt: skip
+    Case("container-privileged", {"container_security_context": {"privileged": True}}, "container_security_context.privileged"),
+    Case("container-capabilities", {"container_security_context": {"capabilities": {"add": ["SYS_ADMIN"]}}},
+         "container_security_context.capabilities"),  # fmt: skip
+    Case("container-escalation", {"container_security_context": {"allowPrivilegeEscalation": True}},
+         "container_security_context.allowPrivilegeEscalation"),  # fmt: skip
+    Case("container-secret-in-option", {"container_security_context": {"seLinuxOptions": {"level": f"s0:{HF}"}}},
+         "container_security_context"),  # fmt: skip
+    Case(
+        "container-privileged-allowed-by-admin",
+        {"container_security_context": {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}}},
+        check=lambda m: pod(m)["containers"][0]["securityContext"] == {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}},
+        allow_host_access=True,
+    ),
+    Case(
+        "container-hardened",
+        {"container_security_context": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                                        "capabilities": {"drop": ["ALL"]}}},
+        check=lambda m: pod(m)["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]},
+    ),  # fmt: skip
+    Case("grace-negative", {"termination_grace_period_seconds": -1}, "termination_grace_period_seconds"),
+    Case("grace-boolean", {"termination_grace_period_seconds": True}, "termination_grace_period_seconds"),
+    Case("grace-fraction", {"termination_grace_period_seconds": 1.5}, "termination_grace_period_seconds"),
+    Case("grace-on-v21", {"termination_grace_period_seconds": 30}, "termination_grace_period_seconds", api_version="v2.1"),
+    Case("grace-accepted", {"termination_grace_period_seconds": 120}, check=lambda m: pod(m)["terminationGracePeriodSeconds"] == 120),
+    Case("init-image", {"init_containers": [{"name": "fetch", "image": "busybox:1", "command": ["sh"]}]}, "init_containers[0]"),
+    Case("init-no-name", {"init_containers": [{"env": [{"name": "A", "value": "1"}]}]}, "init_containers[0]"),
+    Case("init-env-secret", {"init_containers": [{"name": "fetch", "env": [{"name": "HF_TOKEN", "value": HF}]}]},
+         "init_containers[0].env[0].value"),  # fmt: skip
+    Case("init-file-key-traversal",
+         {"init_containers": [{"name": "fetch", "env": [{"name": "A", "valueFrom": {"fileKeyRef": {"volumeName": "cfg", "path": "../x",
+                                                                                                   "key": "A"}}}]}]},
+         "init_containers[0].env[0].valueFrom.fileKeyRef.path"),  # fmt: skip
+    Case("init-mount-escape", {"init_containers": [{"name": "fetch", "volumeMounts": [{"name": "cfg", "mountPath": "/x/../etc"}]}]},
+         "init_containers[0].volumeMounts[0].mountPath"),  # fmt: skip
+    Case("init-privileged", {"init_containers": [{"name": "fetch", "securityContext": {"privileged": True}}]},
+         "init_containers[0].securityContext.privileged"),  # fmt: skip
+    Case("init-twice", {"init_containers": [{"name": "fetch", "env": []}, {"name": "fetch", "env": []}]}, "init_containers[1].name"),
+    Case("init-security-on-v21", {"init_containers": [{"name": "fetch", "securityContext": {"runAsUser": 1}}]},
+         "init_containers[0].securityContext", api_version="v2.1"),  # fmt: skip
+    Case(
+        "init-container-patch-with-an-env-file",
+        {"init_containers": [{"name": "fetch", "securityContext": {"runAsUser": 1000},
+                              "env": [{"name": "DATA_VERSION", "valueFrom": {"fileKeyRef": {"volumeName": "cfg", "path": "vars.env",
+                                                                                             "key": "DATA_VERSION", "optional": True}}}],
+                              "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]}]},
+        check=lambda m: pod(m)["initContainers"][0]["env"][0]["valueFrom"]["fileKeyRef"]["key"] == "DATA_VERSION"
+        and pod(m)["initContainers"][0]["volumeMounts"] == [{"name": "cfg", "mountPath": "/cfg"}],
+    ),  # fmt: skip
+    Case("env-file-key-on-the-trainer",
+         {"env": [{"name": "A", "valueFrom": {"fileKeyRef": {"volumeName": "cfg", "path": "v.env", "key": "A"}}}]},
+         "env[0].valueFrom.fileKeyRef"),  # fmt: skip
+    Case("dataset-env-file-key", {"dataset_uri": "hf://org/d", "dataset_env": [{"name": "A", "valueFrom": {"fileKeyRef": {
+         "volumeName": "cfg", "path": "v.env", "key": "A"}}}]}, "dataset_env[0].valueFrom.fileKeyRef"),  # fmt: skip
     # ------------------------------------------------------------------ lifecycle
     Case("deadline-zero", {"active_deadline_seconds": 0}, "active_deadline_seconds", layers=NO_COMPONENT),
     Case("deadline-negative", {"active_deadline_seconds": -5}, "active_deadline_seconds"),
@@ -283,6 +360,14 @@ INPUT_CASES: list[Case] = [
     Case("deadline-over-64-bits", {"active_deadline_seconds": 2**64}, "active_deadline_seconds"),
     Case("deadline-on-v21", {"active_deadline_seconds": 60}, "active_deadline_seconds", api_version="v2.1"),
     Case("suspend-text", {"suspend": "yes"}, "suspend"),
+    Case("managed-by-other", {"managed_by": "example.com/my-controller"}, "managed_by"),
+    Case("managed-by-newline", {"managed_by": "kueue.x-k8s.io/multikueue\n"}, "managed_by"),
+    Case("multikueue-without-queue", {"managed_by": "kueue.x-k8s.io/multikueue"}, "queue_name"),
+    Case(
+        "multikueue-with-queue",
+        {"managed_by": "kueue.x-k8s.io/multikueue", "queue_name": "team-q"},
+        check=lambda m: m["spec"]["managedBy"] == "kueue.x-k8s.io/multikueue",
+    ),
     Case("queue-newline", {"queue_name": "team-q\n"}, "queue_name"),
     Case("queue-space", {"queue_name": "team queue"}, "queue_name"),
     Case(

@@ -330,7 +330,8 @@ def test_train_job_on_a_cluster_carries_artifacts_through_the_workspace_and_fill
     assert (tmp_path / "minio-out" / "model.safetensors").read_text() == "weights trained on train.jsonl"
     assert out.metadata["trainjob"] == f"team-a/{manifest['metadata']['name']}" and out.metadata["format"] == "safetensors"
     assert out.metadata["weights"] == "full" and out.metadata["runtime"] == "ClusterTrainingRuntime/torch-distributed"
-    assert metrics.metadata == {"loss": 1.5, "best_loss": 1.0}
+    assert {k: v for k, v in metrics.metadata.items() if not k.endswith("_seconds")} == {"loss": 1.5, "best_loss": 1.0}
+    assert {"queued_seconds", "starting_seconds", "running_seconds"} <= set(metrics.metadata)
     page = Path(report.path).read_text()
     assert "<svg" in page and "team-a/" in page
     assert handle.read_text() == f"team-a/{manifest['metadata']['name']}"

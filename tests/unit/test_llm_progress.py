@@ -157,6 +157,19 @@ def test_report_step_estimates_the_remaining_time_from_the_pace_so_far(env):
     assert (s["progressPercentage"], s["estimatedRemainingSeconds"]) == (25, 90)
 
 
+def test_report_fraction_serves_trainers_that_stop_on_a_step_count_or_a_time_budget(env):
+    calls, send = recorder()
+    clock = FakeClock()
+    r = progress.ProgressReporter(env=env, transport=send, clock=clock, min_interval=5)
+    clock.t += 60
+    assert r.report_fraction(0.4, {"loss": 1.5})
+    clock.t += 1
+    assert not r.report_fraction(0.45) and not r.report_fraction(float("nan"))  # spaced out; nonsense is 0 %, not sent
+    assert r.report_fraction(1.7)  # done (clamped): always sent
+    sent = [c["body"]["trainerStatus"] for c in calls]
+    assert [(s["progressPercentage"], s["estimatedRemainingSeconds"]) for s in sent] == [(40, 90), (100, 0)]
+
+
 def test_the_token_file_is_read_again_for_each_report(env):
     calls, send = recorder()
     clock = FakeClock()

@@ -130,3 +130,34 @@ def test_credentials_in_any_text_never_reach_the_page():
     for page in (render_html(data), render_markdown(data)):
         assert secret not in page and "hf_" + "a" * 34 not in page and "AKIAIOSFODNN7EXAMPLE" not in page
         assert "***" in page
+
+
+def test_report_shows_the_trainers_progress_over_time_and_its_last_values():
+    history = [
+        {"seconds": 5.0, "percent": 10, "eta": 450, "metrics": {"loss": "2.5"}, "updated": "2026-01-01T00:00:05Z"},
+        {"seconds": 50.0, "percent": 60, "eta": 30, "metrics": {"loss": "1.25", "lr": "2e-05"}, "updated": "2026-01-01T00:00:50Z"},
+    ]
+    page = render_html(data(progress=history))
+    section = page.split("Progress (reported by the trainer)")[1].split("<h2>")[0]
+    assert "progress %" in section and "<polyline" in section and ">seconds<" in section
+    for text in ("<td>60%</td>", "<td>30s</td>", "2026-01-01T00:00:50Z", "<td>loss</td><td>1.25</td>", "<td>lr</td><td>2e-05</td>"):
+        assert text in section, text
+    assert "Progress (reported" not in render_html(data())  # nothing reported: no section
+
+
+def test_report_shows_time_queued_starting_and_running_and_the_queue():
+    page = render_html(data(queue="team-q", times={"queued": 600.0, "starting": 42.5, "running": 3725.0}))
+    assert "<td>Kueue LocalQueue</td><td>team-q</td>" in page
+    assert "10m 0s / 42s / 1h 2m 5s" in page
+    time_table = page.split("<h2>Time</h2>")[1]
+    assert re.search(r"<td>queued</td><td class=\"n\">600</td><td>10m 0s</td>", time_table)
+    assert re.search(r"<td>running</td><td class=\"n\">3725</td>", time_table)
+
+
+def test_outcome_data_carries_times_queue_and_progress():
+    outcome = SimpleNamespace(
+        ref=JobRef("ns", "job"), phase=Phase.SUCCEEDED, metrics=MetricSeries(), timeline=[],
+        times={"queued": 1.0, "starting": 2.0, "running": 3.0}, queue="q", progress=[{"seconds": 1.0, "percent": 5}],
+    )
+    d = outcome_data(outcome)
+    assert d["times"]["running"] == 3.0 and d["queue"] == "q" and d["progress"][0]["percent"] == 5

@@ -135,6 +135,8 @@ def version_mismatch(message: str) -> str | None:
         )
     if 'unknown field "spec.runtimePatches"' in message or 'unknown field "spec.activeDeadlineSeconds"' in message:
         return "this cluster serves Trainer v2.1, which has no runtimePatches or activeDeadlineSeconds; use api_version auto or v2.1"
+    if "unknown field" in message and 'terminationGracePeriodSeconds"' in message:
+        return "this cluster serves Trainer v2.2, whose runtimePatches have no terminationGracePeriodSeconds (v2.3+); leave it unset"
     if 'unknown field "spec.podSpecOverrides"' in message:
         return "the manifest targets Trainer v2.0, which this cluster does not serve; use api_version auto"
     return None

@@ -13,6 +13,10 @@ report there, not on the TrainJob) and from pod states:
   says why;
 * waited out (``blocker_grace``): unschedulable pods, images that cannot be pulled.
 
+While the job waits suspended in a Kueue queue, :func:`queue_notes` tells what Kueue says
+about it: the events of its ``Workload`` (``Pending: couldn't assign flavors ...``,
+``QuotaReserved``, ``Admitted``), read with the events permission the launcher already has.
+
 Example:
     >>> tracker = JobTracker(api, JobRef("ns", "train-x", "uid"), created="2026-01-01T00:00:00Z")  # doctest: +SKIP
     >>> blockers(tracker)                                                                           # doctest: +SKIP
@@ -48,6 +52,8 @@ CANNOT_START_EVENTS = {
 }
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 _JOB_SUFFIX = re.compile(r"^-[a-z0-9]([-a-z0-9]*[a-z0-9])?-\d+$")
+_WORKLOAD_HASH = re.compile(r"[0-9a-f]{5}")
+_SHORT_WORKLOAD_PREFIX = 57  # Kueue's ShortWorkloadNames: 63 characters in all, "-" and a 5-character hash included
 
 
 def _second(stamp: Any) -> str:
@@ -83,6 +89,20 @@ def belongs(event: dict[str, Any], ref: JobRef, created: str) -> bool:
     return False
 
 
+def is_workload_of(workload: str, job: str) -> bool:
+    """Whether ``workload`` is the name Kueue gives the Workload of TrainJob ``job``: ``trainjob-<job>-<hash>``.
+
+    Example:
+        >>> is_workload_of("trainjob-train-x-1a2b3", "train-x"), is_workload_of("trainjob-train-xy-1a2b3", "train-x")
+        (True, False)
+    """
+    prefix = f"trainjob-{job}"
+    for cut in (prefix, prefix[:_SHORT_WORKLOAD_PREFIX]):
+        if workload.startswith(cut + "-") and _WORKLOAD_HASH.fullmatch(workload[len(cut) + 1 :]):
+            return True
+    return False
+
+
 class JobTracker:
     """The pods and warning events of one TrainJob, each kept by a watch while needed."""
 
@@ -96,6 +116,8 @@ class JobTracker:
         self.timeout_seconds = timeout_seconds
         self._pods: ObjectCache | None = None
         self._events: ObjectCache | None = None
+        self._workload_events: ObjectCache | None = None
+        self.queue_said: set[tuple[str, str]] = set()  # (reason, message) of the queue notes already reported
 
     def pods(self) -> ObjectCache:
         """The job's pods (started on first use)."""
@@ -125,14 +147,30 @@ class JobTracker:
             ).start()
         return self._events
 
+    def workload_events(self) -> ObjectCache:
+        """The events of the job's Kueue Workload, any type (started on first use)."""
+        if self._workload_events is None:
+            self._workload_events = ObjectCache(
+                self.api,
+                f"/api/v1/namespaces/{self.ref.namespace}/events",
+                [("fieldSelector", "involvedObject.kind=Workload")],
+                keep=lambda event: is_workload_of(str((event.get("involvedObject") or {}).get("name") or ""), self.ref.name)
+                and _second(event_time(event)) >= _second(self.created),
+                timeout_seconds=self.timeout_seconds,
+                policy=self.policy,
+                name=f"workload-events-{self.ref.name}",
+            ).start()
+        return self._workload_events
+
     def started(self) -> None:
-        """The trainer runs: blockers no longer matter, stop watching events."""
-        if self._events is not None:
-            self._events.close()
+        """The trainer runs: blockers and the queue no longer matter, stop watching events."""
+        for cache in (self._events, self._workload_events):
+            if cache is not None:
+                cache.close()
 
     def close(self) -> None:
         """Stop every watch."""
-        for cache in (self._pods, self._events):
+        for cache in (self._pods, self._events, self._workload_events):
             if cache is not None:
                 cache.close()
 
@@ -156,6 +194,19 @@ def blockers(tracker: JobTracker, *, wait: float = 5.0) -> list[Blocker]:
     for blocker in found:
         unique.setdefault(blocker.reason, blocker)
     return list(unique.values())
+
+
+def queue_notes(tracker: JobTracker, *, wait: float = 5.0) -> list[str]:
+    """What Kueue said about the job's Workload since the last call (``reason: message``), each message once."""
+    events = tracker.workload_events()
+    events.synced.wait(wait)
+    notes = []
+    for event in sorted(events.objects(), key=event_time):
+        key = (str(event.get("reason") or ""), str(event.get("message") or ""))
+        if key not in tracker.queue_said:
+            tracker.queue_said.add(key)
+            notes.append(f"{key[0]}: {key[1]}".strip(": "))
+    return notes
 
 
 def pod_blockers(pod: dict[str, Any]) -> list[Blocker]:

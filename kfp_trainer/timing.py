@@ -1,0 +1,98 @@
+"""Where a TrainJob's time goes -- queued, starting, running -- and which time limit it passed. Pure.
+
+A job is **queued** while it is suspended (a Kueue queue holds it; also when it is suspended
+again, e.g. preempted), **starting** from creation or admission until a trainer runs
+(scheduling, image pulls, initializers), and **running** from then on. Each limit applies
+to its own stretch, so a long wait in a busy queue never counts against ``start_timeout``:
+
+* ``queue_timeout`` -- seconds queued, in all;
+* ``start_timeout`` -- seconds starting before the trainer first ran, queued time left out;
+* ``run_timeout`` -- seconds running, time queued again (preemption) left out.
+
+Example:
+    >>> times = PhaseTimes.at(0.0)
+    >>> times.observe(Phase.SUSPENDED, 0.0); times.observe(Phase.PENDING, 500.0); times.observe(Phase.RUNNING, 530.0)
+    'queued'
+    'starting'
+    'running'
+    >>> times.totals(600.0)
+    {'queued': 500.0, 'starting': 30.0, 'running': 70.0}
+    >>> times.exceeded(600.0, start_timeout=60, queue_timeout=0, run_timeout=0) is None
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .backends.base import Phase
+
+STATES = ("queued", "starting", "running")
+
+
+@dataclass
+class PhaseTimes:
+    """Seconds spent in each state so far (the current stretch is added by :meth:`totals`)."""
+
+    since: float  # when the current stretch began (the launcher's monotonic clock)
+    state: str = "starting"
+    started: bool = False  # the trainer has run at least once
+    spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STATES, 0.0))
+
+    @classmethod
+    def at(cls, now: float) -> PhaseTimes:
+        """Times of a job followed from ``now`` (created or adopted: starting)."""
+        return cls(since=now)
+
+    def observe(self, phase: Phase, now: float) -> str | None:
+        """Close the current stretch at ``now`` and enter ``phase``'s state; the new state when it changed."""
+        if phase is Phase.SUSPENDED:
+            state = "queued"
+        elif phase is Phase.RUNNING or (phase is Phase.PENDING and self.started):
+            state = "running"
+        elif phase is Phase.PENDING:
+            state = "starting"
+        else:
+            return None  # finished: the last stretch counts until totals() is asked
+        now = max(now, self.since)
+        self.spent[self.state] += now - self.since
+        self.since = now
+        self.started = self.started or state == "running"
+        changed, self.state = state != self.state, state
+        return state if changed else None
+
+    def totals(self, now: float) -> dict[str, float]:
+        """Seconds queued, starting and running until ``now``."""
+        out = dict(self.spent)
+        out[self.state] += max(0.0, now - self.since)
+        return {k: round(v, 3) for k, v in out.items()}
+
+    def exceeded(
+        self, now: float, *, start_timeout: float, queue_timeout: float, run_timeout: float, queue: str = ""
+    ) -> tuple[str, str] | None:
+        """``(reason, what happened)`` for the first limit passed at ``now``, else None. 0 means no limit."""
+        spent = self.totals(now)
+        if queue_timeout and spent["queued"] > queue_timeout:
+            where = f"in queue {queue}" if queue else "suspended"
+            return "QueueTimeout", f"waited {where} longer than queue_timeout={queue_timeout:.0f}s"
+        if start_timeout and not self.started and spent["starting"] > start_timeout:
+            queued = f" (not counting {spent['queued']:.0f}s queued)" if spent["queued"] >= 1 else ""
+            return "StartTimeout", f"did not start within start_timeout={start_timeout:.0f}s{queued}"
+        if run_timeout and self.started and spent["running"] > run_timeout:
+            return "RunTimeout", f"ran longer than run_timeout={run_timeout:.0f}s"
+        return None
+
+
+def duration(seconds: float) -> str:
+    """``3725`` -> ``1h 2m 5s``.
+
+    Example:
+        >>> duration(3725), duration(59.6), duration(0)
+        ('1h 2m 5s', '1m 0s', '0s')
+    """
+    total = int(round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes}m {secs}s"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
