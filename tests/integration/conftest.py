@@ -35,7 +35,7 @@ _IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _BUILD_ERROR: str | None = None
 _CLUSTER: testcluster.TestCluster | None = None
 # Component logs attached to a failing test's report (last lines of each).
-_REPORTED_LOGS = ("controllers", "podscript", "kwok-controller")
+_REPORTED_LOGS = ("controllers", "podscript", "kwok-controller", "kube-controller-manager")
 
 
 def _unavailable(reason: str):

@@ -234,7 +234,7 @@ def test_a_failed_job_that_takes_a_while_to_go_is_replaced_once_it_is_gone(api_c
     assert outcome.replaced and outcome.succeeded and outcome.ref.uid != old["metadata"]["uid"], out.getvalue()
     assert time.monotonic() - started >= 1.5
     assert f"replaced failed TrainJob {ns}/{name}" in out.getvalue()
-    assert relayed(out.getvalue()) == LINES
+    assert relayed(out.getvalue()) == LINES, out.getvalue()
 
 
 def test_a_job_already_being_deleted_is_waited_for_never_adopted(api_client, checked):
