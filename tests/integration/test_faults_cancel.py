@@ -122,7 +122,9 @@ def test_a_cancel_waits_for_a_trainjob_held_by_a_finalizer(cluster, api_client, 
         out.proc.send_signal(signal.SIGTERM)
         out.wait_for("deleting TrainJob")
         wait_for(
-            lambda: custom.get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, name)["metadata"].get("deletionTimestamp"),
+            lambda: custom.get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, name)["metadata"].get(
+                "deletionTimestamp"
+            ),
             what="the TrainJob being deleted",
         )
         time.sleep(1.0)  # the launcher waits on it meanwhile

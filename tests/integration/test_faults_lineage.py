@@ -11,14 +11,14 @@ import threading
 import time
 
 import pytest
-from faults import Output, Seen, leftovers, relayed, start_launch, trainjob_name, wait_nothing_left
+from faults import Output, leftovers, relayed, start_launch, trainjob_name
 from kubernetes import client
 from testcluster import PodScript
 
 from kfp_trainer import spec
 from kfp_trainer.backends.kube.api import RetryPolicy
 from kfp_trainer.backends.kubernetes import KubernetesBackend
-from kfp_trainer.errors import DeletionTimeoutError, JobFailedError, TimeLimitError
+from kfp_trainer.errors import DeletionTimeoutError, JobFailedError
 from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.spec import TrainJobInputs
 
@@ -71,7 +71,9 @@ def test_a_retry_with_other_inputs_replaces_the_stale_job_and_says_so(cluster, a
     stale = trainjob_name(first.text)
     first.proc.send_signal(signal.SIGKILL)  # the step's pod died; KFP retries the task with a changed input
     first.finish()
-    retry = Output(start_launch(cluster.kubeconfig, ns, "r", "--env", "LR=0.2", *script_args(PodScript(lines=LINES)), "--delete-after-success"))
+    retry = Output(
+        start_launch(cluster.kubeconfig, ns, "r", "--env", "LR=0.2", *script_args(PodScript(lines=LINES)), "--delete-after-success")
+    )
     assert retry.finish() == 0, retry.text
     fresh = trainjob_name(retry.text)
     assert fresh != stale
@@ -155,9 +157,7 @@ def test_a_deleted_runtime_is_named_before_anything_is_created(cluster, api_clie
 
 def test_a_job_that_never_starts_is_deleted_at_its_start_timeout(cluster, api_client, checked):
     ns = checked
-    out = Output(
-        start_launch(cluster.kubeconfig, ns, "r", "--start-timeout", "4", *script_args(PodScript(start_delay=float("inf"))))
-    )
+    out = Output(start_launch(cluster.kubeconfig, ns, "r", "--start-timeout", "4", *script_args(PodScript(start_delay=float("inf")))))
     assert out.finish() == 1, out.text
     assert "did not start within start_timeout=4s" in out.text
     assert leftovers(api_client, ns) == []
@@ -173,8 +173,12 @@ def team_runtime(api_client, ns: str, script: PodScript, name: str = "flaky") ->
         rt = co.get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, "trainingruntimes", name)
     except client.ApiException:
         base = co.get_cluster_custom_object(spec.GROUP, spec.VERSION, "clustertrainingruntimes", "torch-distributed")
-        rt = {"apiVersion": base["apiVersion"], "kind": "TrainingRuntime", "metadata": {"name": name, "namespace": ns,
-              "labels": base["metadata"].get("labels") or {}}, "spec": base["spec"]}
+        rt = {
+            "apiVersion": base["apiVersion"],
+            "kind": "TrainingRuntime",
+            "metadata": {"name": name, "namespace": ns, "labels": base["metadata"].get("labels") or {}},
+            "spec": base["spec"],
+        }
     node = next(j for j in rt["spec"]["template"]["spec"]["replicatedJobs"] if j["name"] == "node")
     node["template"]["spec"]["template"].setdefault("metadata", {})["annotations"] = script.annotations()
     if "resourceVersion" in rt["metadata"]:
@@ -195,11 +199,15 @@ def failed_job(api_client, ns: str) -> tuple[TrainJobInputs, dict]:
 
 
 def hold(api_client, ns: str, name: str, finalizers: list[str] | None) -> None:
-    custom(api_client).patch_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, name, {"metadata": {"finalizers": finalizers}})
+    custom(api_client).patch_namespaced_custom_object(
+        spec.GROUP, spec.VERSION, ns, spec.PLURAL, name, {"metadata": {"finalizers": finalizers}}
+    )
 
 
 def trainjob_names(api_client, ns: str) -> list[str]:
-    return [j["metadata"]["name"] for j in custom(api_client).list_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL)["items"]]
+    return [
+        j["metadata"]["name"] for j in custom(api_client).list_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL)["items"]
+    ]
 
 
 def test_a_failed_job_that_does_not_go_is_not_replaced_over_and_nothing_is_created(api_client, checked):
@@ -229,7 +237,9 @@ def test_a_failed_job_that_takes_a_while_to_go_is_replaced_once_it_is_gone(api_c
     release.start()
     out = io.StringIO()
     started = time.monotonic()
-    outcome = Launcher(KubernetesBackend(api_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="0", delete_after_success=True), out=out).run(inp)
+    outcome = Launcher(
+        KubernetesBackend(api_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="0", delete_after_success=True), out=out
+    ).run(inp)
     release.join()
     assert outcome.replaced and outcome.succeeded and outcome.ref.uid != old["metadata"]["uid"], out.getvalue()
     assert time.monotonic() - started >= 1.5
@@ -246,7 +256,9 @@ def test_a_job_already_being_deleted_is_waited_for_never_adopted(api_client, che
     release = threading.Timer(2.0, hold, (api_client, ns, name, None))
     release.start()
     out = io.StringIO()
-    outcome = Launcher(KubernetesBackend(api_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="0", delete_after_success=True), out=out).run(inp)
+    outcome = Launcher(
+        KubernetesBackend(api_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="0", delete_after_success=True), out=out
+    ).run(inp)
     release.join()
     assert outcome.succeeded and not outcome.adopted and outcome.ref.uid != old["metadata"]["uid"], out.getvalue()
     assert f"TrainJob {ns}/{name} of an earlier try is being deleted; waited for it to go before creating a new one" in out.getvalue()
