@@ -264,3 +264,38 @@ def test_a_job_already_being_deleted_is_waited_for_never_adopted(api_client, che
     assert f"TrainJob {ns}/{name} of an earlier try is being deleted; waited for it to go before creating a new one" in out.getvalue()
     assert "deleted while running" not in out.getvalue()
     assert relayed(out.getvalue()) == LINES
+
+
+def test_ten_deletions_wait_with_watches_not_polls(api_client, checked):
+    """Ten running jobs deleted at once: each waits for its TrainJob, JobSet, Jobs and pods with
+    one list and one watch per kind, never by GETting the objects in a loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from k8s_objects import recording
+
+    rec = recording(api_client)
+    backend = KubernetesBackend(rec, namespace=checked, watch_timeout=20)
+    refs = []
+    for i in range(10):
+        inp = inputs(checked, FORE, run=f"r{i}")
+        refs.append(backend.submit(spec.render(inp, runtime_jobs=["node"])).ref)
+    core = client.CoreV1Api(api_client)
+    wait_for_running = [r.name for r in refs]
+    deadline = time.monotonic() + 90
+    while wait_for_running and time.monotonic() < deadline:
+        running = {
+            p.metadata.labels.get("jobset.sigs.k8s.io/jobset-name")
+            for p in core.list_namespaced_pod(checked).items
+            if p.status.phase == "Running"
+        }
+        wait_for_running = [n for n in wait_for_running if n not in running]
+        time.sleep(0.2)
+    assert not wait_for_running
+    rec.requests.clear()
+    with ThreadPoolExecutor(10) as pool:
+        left = list(pool.map(lambda ref: backend.delete(ref, wait=30), refs))
+    assert left == [""] * 10
+    gets = [(p, q) for m, p, q in rec.requests if m == "GET" and "watch" not in q]
+    assert all(not any(p.endswith(f"/{r.name}") for r in refs) for p, _ in gets), gets  # no GET of an object
+    assert len(rec.requests) <= 10 * 9, len(rec.requests)  # a delete, then at most a list and a watch per kind
+    assert leftovers(api_client, checked) == []
