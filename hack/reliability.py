@@ -26,6 +26,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+KEEP = os.environ.get("KFP_TRAINER_RELIABILITY_DIR", tempfile.gettempdir())  # where a failing run's pytest output is kept
 SUITES = [
     *sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "integration").glob("test_faults_*.py")),
     "tests/local/test_local_adoption.py",
@@ -55,8 +56,10 @@ def run_once(index: int, workdir: Path) -> dict:
         if bad:
             failures.append(f"{case.get('classname')}::{case.get('name')}")
     checks = [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
-    if tests == 0:
-        sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
+    if tests == 0 or failed:
+        report = Path(KEEP) / f"kfp-trainer-reliability-run-{index + 1}.txt"
+        report.write_text(done.stdout + done.stderr)
+        sys.stderr.write(f"run {index + 1}: pytest output in {report}\n")
     return {
         "tests": tests,
         "failed": failed,
