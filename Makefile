@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test unit lint lint-workflows compile images browser cluster-build cluster-up cluster-status cluster-down clean
+.PHONY: setup demo test unit lint lint-workflows compile images browser cluster-build cluster-up cluster-status cluster-down reliability clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,11 @@ cluster-down: setup
 
 unit: setup
 	$(PY) -m pytest --doctest-modules kfp_trainer tests/unit
+
+# The README's reliability table: the fault suite RUNS times on fresh test clusters, counted at the API server.
+RUNS ?= 3
+reliability: setup cluster-build
+	$(PY) hack/reliability.py --runs $(RUNS)
 
 test: setup lint browser cluster-build
 	$(PY) -m pytest --doctest-modules kfp_trainer tests

@@ -192,30 +192,35 @@ class Launcher:
         """
         with cancel.handling(), cancel.cancellable():
             manifest, api_version, runtime = self.prepare(inputs)
-            submission = self._submit(manifest)
-            outcome = Outcome(
-                ref=submission.ref,
-                manifest=manifest,
-                phase=Phase.PENDING,
-                adopted=submission.adopted,
-                replaced=submission.replaced,
-                runtime=runtime,
-                api_version=api_version,
-            )
+            submission: Submission | None = None
             try:
+                # Stored the moment submit returns (no signal is handled in between): a cancel from
+                # then on is caught below with the job known; one inside submit is reclaimed there.
+                submission = self._submit(manifest)
+                outcome = Outcome(
+                    ref=submission.ref,
+                    manifest=manifest,
+                    phase=Phase.PENDING,
+                    adopted=submission.adopted,
+                    replaced=submission.replaced,
+                    runtime=runtime,
+                    api_version=api_version,
+                )
                 self._announce(submission, outcome)
                 self._follow(outcome)
             except (CancelledError, TimeLimitError, CannotStartError) as e:
-                self.say(f"{type(e).__name__}: deleting TrainJob {outcome.ref}")
-                self._delete(outcome.ref)
+                if submission is not None:
+                    self.say(f"{type(e).__name__}: deleting TrainJob {submission.ref}")
+                    self._delete(submission.ref)
                 raise
             except InfraError:
-                self.say(f"lost the API server; TrainJob {outcome.ref} is left running for a retry to adopt")
+                if submission is not None:
+                    self.say(f"lost the API server; TrainJob {submission.ref} is left running for a retry to adopt")
                 raise
             finally:
                 release = getattr(self.backend, "release", None)
-                if release is not None:
-                    release(outcome.ref)
+                if release is not None and submission is not None:
+                    release(submission.ref)
             if self.options.delete_after_success:
                 self._delete(outcome.ref)
         return outcome

@@ -35,7 +35,7 @@ _IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _BUILD_ERROR: str | None = None
 _CLUSTER: testcluster.TestCluster | None = None
 # Component logs attached to a failing test's report (last lines of each).
-_REPORTED_LOGS = ("controllers", "podscript", "kwok-controller")
+_REPORTED_LOGS = ("controllers", "podscript", "kwok-controller", "kube-controller-manager")
 
 
 def _unavailable(reason: str):
@@ -84,6 +84,7 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)  # the fault check reads the test's own outcome
     if report.failed and _CLUSTER is not None and "cluster" in getattr(item, "fixturenames", ()):
         report.sections.append(("control plane logs", _log_tails(_CLUSTER, _REPORTED_LOGS)))
 
@@ -148,3 +149,51 @@ def namespace(cluster, api_client):
     except client.ApiException as e:
         if e.status != 404:
             raise
+
+
+@pytest.fixture(scope="session")
+def ledger(cluster):
+    """Every TrainJob the API server stores during the session (tests/integration/faults.py)."""
+    from faults import Ledger
+
+    api = cluster.api_client()
+    ledger = Ledger(api).start()
+    yield ledger
+    ledger.close()
+    api.close()
+
+
+@pytest.fixture
+def checked(request, api_client, namespace, ledger):
+    """A fault test's namespace, checked when the test ends: no TrainJob, JobSet, Job or pod is
+    left (within ``LEFT_WITHIN`` s) and no two TrainJobs of one run and task were ever alive at
+    once, counted by the session's own watch (the ledger), not by the launcher's output."""
+    from faults import record, wait_nothing_left
+
+    started = time.monotonic()
+    yield namespace
+    leaked: list[str] = []
+    try:
+        wait_nothing_left(api_client, namespace, within=LEFT_WITHIN)
+    except AssertionError as e:
+        leaked = [str(e)]
+    ledger.wait_caught_up(api_client, namespace)
+    created = ledger.created(namespace)
+    duplicated = ledger.duplicates(namespace)
+    call = getattr(request.node, "report_call", None)
+    record(
+        {
+            "test": request.node.nodeid,
+            "passed": bool(call and call.passed),
+            "trainjobs": len(created),
+            "leaked": len({e.uid for e in created if e.deleted is None}),
+            "leftovers": leaked,
+            "duplicated": len(duplicated),
+            "seconds": round(time.monotonic() - started, 2),
+        }
+    )
+    assert not leaked, leaked[0]
+    assert not duplicated, [(a.name, a.uid, b.name, b.uid) for a, b in duplicated]
+
+
+LEFT_WITHIN = 30.0

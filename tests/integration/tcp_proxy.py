@@ -1,16 +1,24 @@
-"""A loopback TCP proxy whose connections a test can cut, to force watch/log disconnects."""
+"""A loopback TCP proxy whose connections a test can cut (watch/log disconnects) or slow down.
+
+``delay`` is latency, not a bandwidth limit: every chunk is passed on ``delay`` seconds after
+it arrived, in order, in both directions, so a request and its answer each take that much
+longer, as behind a slow link or an overloaded API server. It may be changed at any time.
+"""
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
+import time
 
 
 class TcpProxy:
     """Forwards 127.0.0.1:<port> to a target; :meth:`sever` drops every open connection."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, delay: float = 0.0) -> None:
         self.target = (target_host, target_port)
+        self.delay = delay
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
@@ -39,22 +47,41 @@ class TcpProxy:
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        pending: queue.Queue[tuple[float, bytes]] = queue.Queue()
+        sender = threading.Thread(target=self._send, args=(pending, dst), daemon=True)
+        sender.start()
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                dst.sendall(data)
+                pending.put((time.monotonic() + self.delay, data))
         except OSError:
             pass
         finally:
+            pending.put((0.0, b""))
+            sender.join()
             for s in (src, dst):
                 try:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    @staticmethod
+    def _send(pending: queue.Queue[tuple[float, bytes]], dst: socket.socket) -> None:
+        try:
+            while True:
+                due, data = pending.get()
+                if not data:
+                    return
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                dst.sendall(data)
+        except OSError:
+            while pending.get()[1]:  # the peer is gone: drain until the reader stops
+                pass
 
     def sever(self) -> int:
         """Reset every open connection (as a network blip would); returns how many."""

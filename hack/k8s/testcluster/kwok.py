@@ -110,6 +110,12 @@ def config(b: Binaries, ports: Ports) -> list[dict]:
                 "extraArgs": [{"key": "leader-elect", "value": "false"}],
             },
             {
+                "name": "kube-scheduler",
+                # Likewise: a scheduler that loses its lease while the API server is down exits,
+                # and nothing here restarts it (a kubelet would).
+                "extraArgs": [{"key": "leader-elect", "value": "false"}],
+            },
+            {
                 "name": "kwok-controller",
                 "extraArgs": [
                     # kwokctl passes an empty --node-ip in binary mode; the API server

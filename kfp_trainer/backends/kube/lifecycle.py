@@ -89,8 +89,10 @@ class Lifecycle:
 
     def create(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
         """Create the TrainJob (strict field validation). A stop signal waits for the answer."""
+        attempts = []
 
         def attempt(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            attempts.append(1)
             with cancel.deferred():  # the cancel then knows whether the job exists, and deletes it
                 return self.custom.create_namespaced_custom_object(*args, **kwargs)
 
@@ -108,6 +110,10 @@ class Lifecycle:
                 what=f"create TrainJob {namespace}/{name}",
                 policy=self.policy,
             )
+        except Conflict as e:
+            if len(attempts) > 1:  # an earlier attempt got no answer: it may have made the job
+                raise LostCreate(str(e)) from e
+            raise
         except RejectedError as e:
             hint = version_mismatch(str(e))
             if hint:
@@ -155,22 +161,28 @@ class Lifecycle:
                 else:
                     notes += self._retire(job, manifest)
         if existing is None:
+            lost = False
             try:
                 created = self.create(namespace, manifest)
                 return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, notes=tuple(notes))
-            except Conflict:
-                pass
+            except Conflict as e:
+                lost = isinstance(e, LostCreate)
             try:
                 existing = self.get(JobRef(namespace, name))
             except NotFound:  # deleted in between: create once more
                 created = self.create(namespace, manifest)
                 return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, notes=tuple(notes))
+            return self._take_over(manifest, existing, notes, lost_create=lost)
         return self._take_over(manifest, existing, notes)
 
-    def _take_over(self, manifest: dict[str, Any], existing: dict[str, Any], notes: list[str]) -> Submission:
+    def _take_over(self, manifest: dict[str, Any], existing: dict[str, Any], notes: list[str], lost_create: bool = False) -> Submission:
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
         check_ownership(manifest, existing, remedy=f"delete it: kubectl delete trainjob -n {namespace} {name}")
         ref = JobRef(namespace, name, existing["metadata"]["uid"])
+        if lost_create and _same_launcher(manifest, existing) and not existing["metadata"].get("deletionTimestamp"):
+            # This launcher made it: the first create's answer was lost (a timeout), its retry was told it exists.
+            self._remember(existing)
+            return Submission(ref, adopted=False, notes=tuple(notes))
         if existing["metadata"].get("deletionTimestamp"):
             notes.append(f"TrainJob {ref} of an earlier try is being deleted; waited for it to go before creating a new one")
             self._wait_gone_for_replace(ref, tree=True)
@@ -337,6 +349,15 @@ class Lifecycle:
             return None
         ref = JobRef(namespace, ref.name, existing["metadata"]["uid"])
         return ref, self.delete(ref, wait=wait)
+
+
+class LostCreate(Conflict):
+    """A retried create was told the job exists: the attempt whose answer was lost made it (or another launcher did)."""
+
+
+def _same_launcher(manifest: dict[str, Any], existing: dict[str, Any]) -> bool:
+    mine = (manifest["metadata"].get("annotations") or {}).get(owner.ANNOTATION)
+    return bool(mine) and (existing["metadata"].get("annotations") or {}).get(owner.ANNOTATION) == mine
 
 
 def describe(identity: dict[str, Any] | None) -> str:
