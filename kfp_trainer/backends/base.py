@@ -76,6 +76,7 @@ class RuntimeInfo:
     replicated_jobs: tuple[tuple[str, int], ...] = ()  # (name, pods per job)
     framework: str = ""
     allow_host_access: bool = False  # the cluster admin allows host access (ClusterTrainingRuntime annotation)
+    document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the runtime object as read
 
     @classmethod
     def from_runtime(cls, runtime: dict[str, Any], *, name: str, kind: str, api_version: ApiVersion, num_nodes: int | None) -> RuntimeInfo:
@@ -100,6 +101,7 @@ class RuntimeInfo:
             framework=((runtime.get("metadata") or {}).get("labels") or {}).get("trainer.kubeflow.org/framework", ""),
             allow_host_access=kind == "ClusterTrainingRuntime"
             and dig(runtime, "metadata", "annotations", ALLOW_HOST_ACCESS_ANNOTATION) == "true",
+            document=runtime,
         )
 
     @property

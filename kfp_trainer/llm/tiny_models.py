@@ -322,6 +322,30 @@ def write_workspace(workspace: str | Path, config_name: str, *, rows: int = 128,
     return arch
 
 
+#: Rows of the builtin instruct dataset: 16 optimizer steps of ``qwen2_5/1.5B_full`` on two ranks,
+#: one of ``llama3_2/1B_full`` (batch 4, 8 accumulated batches).
+BUILTIN_DATASET_ROWS = 64
+
+
+def write_builtin_model(dest: str | Path, model_key: str, *, seed: int = 0) -> None:
+    """A tiny model of ``model_key`` (e.g. ``qwen2_5/1.5B``) with its tokenizer, as a model initializer fetches it.
+
+    The tokenizer's merges are learnt from the builtin instruct dataset's text.
+    """
+    arch = ARCHITECTURES[model_key]
+    write_model(dest, arch, seed=seed)
+    texts = [f"{r['input']} {r['output']}" for r in addition_examples(BUILTIN_DATASET_ROWS, seed=seed)]
+    if arch.tokenizer_kind == "bpe":
+        write_bpe_tokenizer(dest, texts)
+    else:
+        write_tiktoken_tokenizer(dest, texts)
+
+
+def write_builtin_dataset(dest: str | Path, *, rows: int = BUILTIN_DATASET_ROWS, seed: int = 0) -> None:
+    """The instruct dataset the torchtune runtimes read: ``data/train.parquet`` (``input``/``output``)."""
+    write_dataset(Path(dest) / "data", addition_examples(rows, seed=seed))
+
+
 def overrides_for(model_dir: str | Path, config_name: str) -> list[str]:
     """The tiny-model overrides for ``config_name`` if ``model_dir`` holds a tiny model, else ``[]``.
 

@@ -118,7 +118,7 @@ def _initializer(inputs: TrainJobInputs) -> dict[str, Any]:
         if not uri:
             continue
         item: dict[str, Any] = {"storageUri": uri}
-        if env:
+        if env or isinstance(env, list):  # an explicit empty list is kept, as the kubeflow SDK writes it
             item["env"] = env_list(env)
         if secret:
             item["secretRef"] = {"name": secret}

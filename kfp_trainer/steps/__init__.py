@@ -3,7 +3,9 @@
 The KFP component functions in :mod:`kfp_trainer.components` only collect their inputs and
 call one function here, one module per component:
 
-* :mod:`.train_job` -- ``train_job`` and ``trainjob_component`` components: one TrainJob;
+* :mod:`.train_job` -- ``train_job`` and ``trainjob_component`` components: one TrainJob, and the
+  hooks typed trainers plug into;
+* :mod:`.finetune` -- ``torchtune_finetune``: a torchtune runtime's fine-tune, its model, its resume;
 * :mod:`.initializers` -- ``dataset_initializer`` / ``model_initializer``;
 * :mod:`.evaluate` -- ``evaluate_model``: LM metrics and the gate verdict;
 * :mod:`.function` -- the command that runs a shipped Python function in a TrainJob;
@@ -32,6 +34,7 @@ from .common import (
     unresolved,
 )
 from .evaluate import compare, read_metrics_artifact, run_evaluate, run_lm_eval
+from .finetune import run_torchtune_finetune
 from .function import BOOTSTRAP, function_command
 from .initializers import run_initializer
 from .sweep import run_select_best
@@ -58,6 +61,7 @@ __all__ = [
     "run_lm_eval",
     "run_classifier_evaluation",
     "run_select_best",
+    "run_torchtune_finetune",
     "run_train_job",
     "shared_dir",
     "stage",
