@@ -32,11 +32,11 @@ def torchtune_finetune(
     model_options: Optional[dict] = None,
     method: str = "full",
     dtype: Optional[str] = None,
-    batch_size: Optional[int] = None,
-    epochs: Optional[int] = None,
+    batch_size: int = 0,
+    epochs: int = 0,
     loss: Optional[str] = None,
     learning_rate: Optional[float] = None,
-    lora_rank: Optional[int] = None,
+    lora_rank: int = 0,
     lora_alpha: Optional[float] = None,
     lora_dropout: Optional[float] = None,
     lora_target_modules: Optional[list] = None,
@@ -99,11 +99,11 @@ def torchtune_finetune(
         model_options: ignore_patterns, endpoint, region, role_arn of the model initializer.
         method: full (all weights), lora (a LoRA adapter) or qlora (LoRA on a 4-bit quantized base).
         dtype: bf16 or fp32.
-        batch_size: Batch size per device.
-        epochs: Training epochs.
+        batch_size: Batch size per device; 0 means the runtime config's.
+        epochs: Training epochs; 0 means the runtime config's.
         loss: Loss: CEWithChunkedOutputLoss.
         learning_rate: Learning rate (optimizer.lr).
-        lora_rank: LoRA rank.
+        lora_rank: LoRA rank; 0 means the runtime config's.
         lora_alpha: LoRA alpha.
         lora_dropout: LoRA dropout.
         lora_target_modules: Attention projections with LoRA: q_proj, k_proj, v_proj, output_proj.
@@ -149,8 +149,8 @@ def torchtune_finetune(
     from kfp_trainer import steps
 
     settings = {
-        "dtype": dtype, "batch_size": batch_size, "epochs": epochs, "loss": loss, "num_nodes": num_nodes or None,
-        "resources_per_node": resources_per_node, "lora_rank": lora_rank, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout,
+        "dtype": dtype, "batch_size": batch_size or None, "epochs": epochs or None, "loss": loss, "num_nodes": num_nodes or None,
+        "resources_per_node": resources_per_node, "lora_rank": lora_rank or None, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout,
         "lora_target_modules": lora_target_modules, "lora_apply_to_mlp": lora_apply_to_mlp, "lora_apply_to_output": lora_apply_to_output,
         "use_dora": use_dora, "dataset_source": dataset_source, "dataset_split": dataset_split, "train_on_input": train_on_input,
         "system_prompt": system_prompt, "column_map": column_map,

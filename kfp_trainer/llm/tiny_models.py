@@ -341,9 +341,17 @@ def write_builtin_model(dest: str | Path, model_key: str, *, seed: int = 0) -> N
         write_tiktoken_tokenizer(dest, texts)
 
 
-def write_builtin_dataset(dest: str | Path, *, rows: int = BUILTIN_DATASET_ROWS, seed: int = 0) -> None:
-    """The instruct dataset the torchtune runtimes read: ``data/train.parquet`` (``input``/``output``)."""
-    write_dataset(Path(dest) / "data", addition_examples(rows, seed=seed))
+def write_builtin_dataset(dest: str | Path, *, rows: int = BUILTIN_DATASET_ROWS, test_rows: int = 64, seed: int = 0) -> None:
+    """The instruct dataset the torchtune runtimes read, with held-out rows for evaluation.
+
+    ``data/train.parquet`` has ``input``/``output`` columns (``instruct_dataset``); ``test.jsonl``
+    has ``prompt``/``completion`` records (what ``evaluate_model`` reads).
+    """
+    examples = addition_examples(rows + test_rows, seed=seed)
+    write_dataset(Path(dest) / "data", examples[:rows])
+    with open(Path(dest) / "test.jsonl", "w", encoding="utf-8") as f:
+        for row in examples[rows:]:
+            f.write(json.dumps({"prompt": row["input"] + " ", "completion": row["output"]}) + "\n")
 
 
 def overrides_for(model_dir: str | Path, config_name: str) -> list[str]:

@@ -9,11 +9,12 @@ torchtune runtime), plus what a pipeline step needs around it:
   volume, which is deleted with the TrainJob. The step mounts a folder of the volume it shares
   with the TrainJob there instead: on a cluster a ``subPath`` mount of the pipeline workspace
   (or another PVC mounted on the task) on the trainer container, ``<shared>/.kfp-trainer/<task
-  folder>/output``; locally a ``hostPath`` folder next to the output artifact (the local backend
-  links it into the job's workspace). ``output_dir`` itself is the runtime's to set: the
+  folder>/output``; locally a ``hostPath`` folder next to the output artifact,
+  ``<artifact>.torchtune-output`` (the local backend links it into the job's workspace). ``output_dir`` itself is the runtime's to set: the
   Trainer's webhook refuses an override. After success the last complete epoch folder (full
   weights, or the LoRA adapter with the merged model) becomes the output ``dsl.Model``.
-* **A retried step resumes.** The folder is named by the run, the task and its settings, so a
+* **A retried step resumes.** The folder is named by the run, the task and its settings (locally:
+  by the output artifact, whose path a retry keeps), so a
   KFP retry of the step finds the epoch checkpoints its failed TrainJob left there
   (:mod:`kfp_trainer.llm.checkpoints`) and its replacement TrainJob resumes after the last
   complete epoch whose recipe state was saved, instead of starting at step 0. The log and the
@@ -132,9 +133,9 @@ class TorchTuneFinetune:
         from ..taskconfig import mount_covering
 
         folder = f".kfp-trainer/{ctx.key}/output"
-        if ctx.local:
-            base = Path(ctx.workspace_path) if ctx.workspace_path else Path(ctx.output_model.path).parent
-            host = (base / folder).resolve()
+        if ctx.local:  # beside the output artifact: kfp.local keeps its path across retries (its task id changes)
+            artifact = Path(ctx.output_model.path).resolve()
+            host = artifact.with_name(artifact.name + ".torchtune-output")
             return host, [{"name": OUTPUT_VOLUME, "hostPath": {"path": str(host)}}], [{"name": OUTPUT_VOLUME, "mountPath": OUTPUT_MOUNT}]
         if not ctx.shared_root:
             raise ValidationError(
@@ -274,6 +275,7 @@ def torchtune_settings(method: str = "full", **inputs: Any) -> Any:
     """
     from ..llm.inputs import TorchTuneSettings, parse
 
+    inputs = {k: (None if v == "" else v) for k, v in inputs.items()}  # a pipeline's "" means: the runtime's value
     unknown = sorted(set(inputs) - set(_LORA_INPUTS) - set(_DATASET_INPUTS) - set(_TOP_INPUTS))
     if unknown:
         raise TypeError(f"unknown torchtune inputs: {unknown}")
