@@ -35,6 +35,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -241,9 +242,11 @@ class LocalBackend:
                 if job.cancelled.is_set():
                     return
                 argv, node_vars = command, ({**env, "PET_NODE_RANK": str(node)} if torch else env)
+                out = open(directory / "logs" / f"node-{node}.log", "ab")
                 if tune_port:  # the runtime's own tune command, completed as the Trainer controller does
                     argv, node_vars = local_torchtune.node_command(manifest, runtime, workspace, node=node, master_port=tune_port)
-                out = open(directory / "logs" / f"node-{node}.log", "ab")
+                    out.write(f"{_now()} running {shlex.join(argv)}\n".encode())
+                    out.flush()
                 job.procs[node] = subprocess.Popen(
                     argv,
                     stdout=out,
