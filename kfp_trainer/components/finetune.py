@@ -36,6 +36,7 @@ def torchtune_finetune(
     epochs: int = 0,
     loss: Optional[str] = None,
     learning_rate: Optional[float] = None,
+    seed: int = -1,
     lora_rank: int = 0,
     lora_alpha: Optional[float] = None,
     lora_dropout: Optional[float] = None,
@@ -103,6 +104,7 @@ def torchtune_finetune(
         epochs: Training epochs; 0 means the runtime config's.
         loss: Loss: CEWithChunkedOutputLoss.
         learning_rate: Learning rate (optimizer.lr).
+        seed: Seed of the run (torchtune's seed); -1 means the runtime config's (random).
         lora_rank: LoRA rank; 0 means the runtime config's.
         lora_alpha: LoRA alpha.
         lora_dropout: LoRA dropout.
@@ -168,7 +170,7 @@ def torchtune_finetune(
     steps.exit_on_error(
         lambda: steps.run_torchtune_finetune(
             method=method, settings=settings, sources=sources, dataset_path=dataset_path, learning_rate=learning_rate,
-            overrides=overrides, inputs=inputs, task_config=task_config, backend=backend, start_timeout=start_timeout,
+            seed=seed, overrides=overrides, inputs=inputs, task_config=task_config, backend=backend, start_timeout=start_timeout,
             run_timeout=run_timeout, logs=logs, delete_after_success=False, workspace_path=workspace_path, dataset=None,
             model=None, output_model=output_model, metrics=metrics, report=report, trainjob_path=trainjob,
         )

@@ -75,12 +75,14 @@ class TorchTuneFinetune:
         model_options: dict[str, Any] | None = None,
         dataset_path: str = "",
         learning_rate: float | None = None,
+        seed: int | None = None,
         overrides: list[str] | None = None,
     ) -> None:
         self.settings = settings
         self.sources = {"dataset": (dataset_uri, dataset_secret, dataset_options), "model": (model_uri, model_secret, model_options)}
         self.dataset_path = dataset_path
         self.learning_rate = learning_rate
+        self.seed = seed if seed is not None and seed >= 0 else None
         self.overrides = list(overrides or [])
         self.output_dir: Path | None = None
         self.rendered: Any = None
@@ -93,6 +95,7 @@ class TorchTuneFinetune:
             "sources": self.sources,
             "dataset_path": self.dataset_path,
             "learning_rate": self.learning_rate,
+            "seed": self.seed,
             "overrides": self.overrides,
         }
 
@@ -120,7 +123,8 @@ class TorchTuneFinetune:
             if at is None:  # where the SDK puts the path of an hf:// dataset: after dtype, batch_size, epochs, loss
                 at = sum(1 for a in args if a.split("=", 1)[0] in ("dtype", "batch_size", "epochs", "loss"))
             args = kept[:at] + [arg] + kept[at:]
-        extra = ([f"optimizer.lr={self.learning_rate:g}"] if self.learning_rate is not None else []) + self.overrides
+        extra = [f"optimizer.lr={self.learning_rate:g}"] if self.learning_rate is not None else []
+        extra += ([f"seed={self.seed}"] if self.seed is not None else []) + self.overrides
         from ..llm.tune_output import check_overrides
 
         errors = check_overrides(extra, args)
@@ -320,6 +324,7 @@ def run_torchtune_finetune(
     sources: dict[str, Any],
     dataset_path: str = "",
     learning_rate: float | None = None,
+    seed: int | None = None,
     overrides: list[str] | None = None,
     **launch: Any,
 ) -> Any:
@@ -331,6 +336,7 @@ def run_torchtune_finetune(
         sources: ``dataset_uri``, ``dataset_secret``, ``dataset_options`` and the same for ``model``.
         dataset_path: Where the dataset's files are under ``/workspace/dataset``.
         learning_rate: ``optimizer.lr``, when set.
+        seed: torchtune's ``seed``, when set (``None`` or negative: the runtime config's).
         overrides: More ``key=value`` overrides of the runtime's torchtune config.
         **launch: What :func:`~kfp_trainer.steps.train_job.run_train_job` takes besides ``trainer``.
 
@@ -343,6 +349,7 @@ def run_torchtune_finetune(
         torchtune_settings(method, **settings),
         dataset_path=dataset_path or "",
         learning_rate=learning_rate,
+        seed=seed,
         overrides=overrides,
         **{k: v for k, v in sources.items() if v is not None},
     )

@@ -38,6 +38,7 @@ PARAMS: dict[str, Any] = {
     "epochs": 1,
     "batch_size": 4,
     "learning_rate": 3e-3,  # for the tiny model; real models fine-tune at about 2e-5
+    "seed": 7,  # a fixed seed: a rerun (or a resumed retry) trains the same
     "dtype": "",  # the runtime config's (bf16); local mode trains in fp32 on CPUs whatever this says
     "eval_examples": 64,
     "min_improvement": 0.2,
@@ -69,6 +70,7 @@ def pipeline(
     epochs: int = PARAMS["epochs"],
     batch_size: int = PARAMS["batch_size"],
     learning_rate: float = PARAMS["learning_rate"],
+    seed: int = PARAMS["seed"],
     dtype: str = PARAMS["dtype"],
     eval_examples: int = PARAMS["eval_examples"],
     min_improvement: float = PARAMS["min_improvement"],
@@ -94,6 +96,7 @@ def pipeline(
         epochs=epochs,
         batch_size=batch_size,
         learning_rate=learning_rate,
+        seed=seed,
         dtype=dtype,
         resources_per_node={"gpu": gpus_per_node},
         backend=backend,

@@ -232,7 +232,7 @@ def test_llm_finetune_torchtune_runs_the_runtimes_own_tune_command_and_the_held_
     assert spec["trainer"]["command"] == ["tune", "run"]
     assert spec["trainer"]["args"] == [
         "batch_size=4", "epochs=1", "dataset.data_dir=/workspace/dataset/data", "dataset=torchtune.datasets.instruct_dataset",
-        "dataset.source=parquet", "optimizer.lr=0.003",
+        "dataset.source=parquet", "optimizer.lr=0.003", "seed=7",
     ]
     assert spec["initializer"]["dataset"]["storageUri"] == "builtin://datasets/instruct-sums"
     assert spec["initializer"]["model"]["storageUri"] == "builtin://models/tiny-qwen2.5"
