@@ -218,6 +218,10 @@ class TorchTuneFinetune:
             ctx.metadata["resumed_from"] = plan.checkpoint.folder
         return out
 
+    def finalize(self, ctx: Any, paths: dict[str, str]) -> dict[str, Any]:
+        """Nothing more: the runtime's command names no artifact paths."""
+        return {}
+
     def before_launch(self, ctx: Any) -> None:
         """Create the output folder, writable by the trainer's user."""
         if self.output_dir is not None:

@@ -80,7 +80,14 @@ class TypedTrainer(Protocol):
         """The settings that make two tries the same job (part of the task's folder name)."""
 
     def configure(self, ctx: TrainerContext) -> dict[str, Any]:
-        """TrainJob inputs for the resolved runtime (``ctx.runtime``); reads only, writes nothing."""
+        """TrainJob inputs for the resolved runtime (``ctx.runtime``); reads only, writes nothing.
+
+        ``{dataset}``, ``{model}`` and ``{output_model}`` in the returned command, args or env
+        are planned as for ``train_job`` (staged on the shared volume, copied out after success).
+        """
+
+    def finalize(self, ctx: TrainerContext, paths: dict[str, str]) -> dict[str, Any]:
+        """Last TrainJob input changes, once the placeholders' paths (``paths``) are known."""
 
     def before_launch(self, ctx: TrainerContext) -> None:
         """Writes (folders on the shared volume) once every input has been checked."""
@@ -222,6 +229,8 @@ def run_train_job(
         shared_artifacts={n: p for n, a in (("dataset", dataset), ("model", model)) if (p := _shared_copy(a, shared_root))},
     )
     merged.update(plan.values)
+    if trainer is not None and ctx is not None:
+        merged.update(trainer.finalize(ctx, dict(plan.paths)))
     parsed = TrainJobInputs.parse(**merged)
 
     def submitted(ref: Any) -> None:
