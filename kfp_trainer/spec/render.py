@@ -95,8 +95,8 @@ def _trainer(inputs: TrainJobInputs) -> dict[str, Any]:
         trainer["image"] = inputs.image
     if inputs.command:
         trainer["command"] = list(inputs.command)
-    if inputs.args:
-        trainer["args"] = list(inputs.args)
+    if inputs.args or inputs.resume_args:
+        trainer["args"] = list(inputs.args) + list(inputs.resume_args)
     if inputs.env:
         trainer["env"] = env_list(inputs.env)
     if inputs.num_nodes is not None:

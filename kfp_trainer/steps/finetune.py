@@ -8,7 +8,8 @@ torchtune runtime), plus what a pipeline step needs around it:
 * **The model gets out.** The runtimes write to ``/workspace/output`` on their ``initializer``
   volume, which is deleted with the TrainJob. The step mounts a folder of the volume it shares
   with the TrainJob there instead: on a cluster a ``subPath`` mount of the pipeline workspace
-  (or another PVC mounted on the task) on the trainer container, ``<shared>/.kfp-trainer/<task
+  (or another PVC mounted on the task; as a second volume of the same claim, since the
+  Trainer's patches key a container's mounts by volume name) on the trainer container, ``<shared>/.kfp-trainer/<task
   folder>/output``; locally a ``hostPath`` folder next to the output artifact,
   ``<artifact>.torchtune-output`` (the local backend links it into the job's workspace). ``output_dir`` itself is the runtime's to set: the
   Trainer's webhook refuses an override. After success the last complete epoch folder (full
@@ -153,7 +154,13 @@ class TorchTuneFinetune:
             raise ValidationError("volume_mounts", ctx.inputs.get("volume_mounts"), f"a mount covering {ctx.shared_root}")
         rel = str(host)[len(mount["mountPath"].rstrip("/")) :].lstrip("/")
         sub = "/".join(p for p in (str(mount.get("subPath") or "").strip("/"), rel) if p)
-        return host, [], [{"name": mount["name"], "mountPath": OUTPUT_MOUNT, "subPath": sub}]
+        # The same volume once more under a name of its own: the Trainer's runtimePatches key a
+        # container's mounts by volume name, so one volume cannot be mounted twice there.
+        source = next((v for v in ctx.inputs.get("volumes") or [] if v.get("name") == mount["name"]), None)
+        if source is None:
+            raise ValidationError("volumes", ctx.inputs.get("volumes"), f"the volume {mount['name']!r} that holds {ctx.shared_root}")
+        volume = {**{k: v for k, v in source.items() if k != "name"}, "name": OUTPUT_VOLUME}
+        return host, [volume], [{"name": OUTPUT_VOLUME, "mountPath": OUTPUT_MOUNT, "subPath": sub}]
 
     def configure(self, ctx: Any) -> dict[str, Any]:
         """The SDK's TrainJob for these settings, with the output mount and, on a retry, the resume overrides."""
@@ -177,9 +184,10 @@ class TorchTuneFinetune:
         args = self._args(list(trainer["args"]))
         self.output_dir, volumes, mounts = self._output(ctx)
         plan = checkpoints.resume_plan(checkpoints.scan(self.output_dir), total_epochs=self.settings.epochs, adapter=self.rendered.adapter)
+        resume: list[str] = []
         if plan.epochs_done and not plan.finished:
             self.resumed = plan
-            args += plan.overrides
+            resume = list(plan.overrides)
             log(f"resuming from {plan.checkpoint.folder} in {self.output_dir}: {plan.epochs_done} epoch(s) done by an earlier try")
         elif plan.finished:
             log(f"an earlier try saved every epoch in {self.output_dir} but its TrainJob failed; training again")
@@ -188,6 +196,7 @@ class TorchTuneFinetune:
             "runtime_kind": spec["runtimeRef"]["kind"],
             "command": list(trainer["command"]),
             "args": args,
+            "resume_args": resume,  # the same job continued: the retry replaces the failed try's TrainJob
             "volumes": list(ctx.inputs.get("volumes") or []) + volumes,
             "volume_mounts": [m for m in ctx.inputs.get("volume_mounts") or [] if m.get("mountPath") != OUTPUT_MOUNT] + mounts,
         }
@@ -206,7 +215,7 @@ class TorchTuneFinetune:
             job_trainer={"numNodes": out.get("num_nodes") or ctx.inputs.get("num_nodes"),
                          "resourcesPerNode": out.get("resources_per_node") or ctx.inputs.get("resources_per_node")},
         )  # fmt: skip
-        refused = tune_command.webhook_errors(rt.name, args, num_nodes=nodes, num_proc_per_node=nproc, gpus_per_node=gpus)
+        refused = tune_command.webhook_errors(rt.name, args + resume, num_nodes=nodes, num_proc_per_node=nproc, gpus_per_node=gpus)
         if refused:
             raise InvalidSpecErrors([ValidationError(f, v, a) for f, v, a in refused])
         recipe, config = tune_command.recipe_and_config(rt.name, args, num_nodes=nodes, num_proc_per_node=nproc, gpus_per_node=gpus)

@@ -26,7 +26,10 @@ def context(tmp_path: Path, rt: dict, *, local: bool = False, mounts: list | Non
     return TrainerContext(
         backend=None,
         runtime=SimpleNamespace(document=rt),
-        inputs={"volume_mounts": mounts if mounts is not None else [WORKSPACE_MOUNT]},
+        inputs={
+            "volume_mounts": mounts if mounts is not None else [WORKSPACE_MOUNT],
+            "volumes": [{"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": "run-1-kfp-workspace"}}],
+        },
         local=local,
         shared_root=None if local else "/kfp-workspace",
         key="finetune-abc123",
@@ -90,8 +93,11 @@ def test_the_trainjob_inputs_are_the_sdks_plus_a_workspace_folder_mounted_at_the
     assert out["model_env"] == [{"name": "IGNORE_PATTERNS", "value": "*.msgpack,*.h5,*.bin,*.pt,*.pth"}]
     # the folder on the workspace PVC (below the task's own subPath) is the trainer's /workspace/output
     assert out["volume_mounts"][-1] == {
-        "name": "kfp-workspace", "mountPath": "/workspace/output", "subPath": "runs/r1/.kfp-trainer/finetune-abc123/output",
+        "name": "kfp-trainer-output", "mountPath": "/workspace/output", "subPath": "runs/r1/.kfp-trainer/finetune-abc123/output",
     }  # fmt: skip
+    # the same claim as a second volume: the Trainer's patches key a container's mounts by volume name
+    assert out["volumes"][-1] == {"persistentVolumeClaim": {"claimName": "run-1-kfp-workspace"}, "name": "kfp-trainer-output"}
+    assert out["volumes"][0]["name"] == "kfp-workspace"
     assert str(step.output_dir) == "/kfp-workspace/.kfp-trainer/finetune-abc123/output"
     assert ctx.report["fine-tune"] == "tune run lora_finetune_distributed --config qwen2_5/1.5B_lora (LoRA adapter)"
     assert "resumed" not in ctx.report
@@ -107,7 +113,7 @@ def test_a_retry_that_finds_an_earlier_tries_epoch_resumes_after_it(tmp_path):
     step = TorchTuneFinetune(torchtune_settings("full", epochs=3), dataset_uri="builtin://datasets/instruct-sums")
     ctx = context(tmp_path, runtime("qwen2_5_1.5B.yaml"), local=True)
     out = step.configure(ctx)
-    assert out["args"][-3:] == [
+    assert out["resume_args"] == [
         "resume_from_checkpoint=True",
         "checkpointer.checkpoint_files=[epoch_0/model-00001-of-00001.safetensors]",
         "checkpointer.recipe_checkpoint=recipe_state/recipe_state.pt",

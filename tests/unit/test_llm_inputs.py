@@ -60,7 +60,7 @@ def test_whole_number_floats_are_accepted_as_integers():
         ),
         ({"storage_uri": "s3://b/p", "secret_ref": "My_Secret"}, "secret_ref: got 'My_Secret'; expected the name of a Secret"),
         ({"storage_uri": "s3://b/p", "ignore_patterns": ["*.bin,*.pt"]}, "without commas"),
-        ({"storage_uri": "s3://b/p", "secret_access_key": "abc"}, "secret_access_key: got 'abc'; expected no such setting"),
+        ({"storage_uri": "s3://b/p", "secret_access_key": "abc"}, "secret_access_key: got '<hidden>'; expected no such setting"),
     ],
 )
 def test_storage_sources_are_checked_and_hold_no_secret_values(values, line):
