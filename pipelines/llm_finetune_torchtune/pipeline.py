@@ -22,7 +22,7 @@ pipeline runs
 
 from typing import Any
 
-from kfp import dsl
+from kfp import dsl, kubernetes
 
 from kfp_trainer.components import dataset_initializer, evaluate_model, model_initializer, torchtune_finetune, workspace_config
 
@@ -43,8 +43,12 @@ PARAMS: dict[str, Any] = {
     "eval_examples": 64,
     "min_improvement": 0.2,
     "backend": "auto",
-    # Cluster only: credentials by Secret name (an empty name: none), GPUs of each trainer node.
-    "hf_secret": "",
+    # Cluster only. Credentials by Secret name: the TrainJob's initializers get initializer_secret as env
+    # (keys ACCESS_TOKEN for hf://; ACCESS_KEY_ID, SECRET_ACCESS_KEY for s3://; "" for none); the
+    # pipeline's own data and base-model steps get HF_TOKEN and AWS_* from hf_secret/s3_secret if they exist.
+    "initializer_secret": "",
+    "hf_secret": "hf-credentials",
+    "s3_secret": "s3-credentials",
     "gpus_per_node": 2,
 }
 # Retries of the fine-tune (a KFP retry count is fixed when the pipeline is compiled).
@@ -53,6 +57,14 @@ RETRIES = 2
 TASK_LABELS = {"evaluate-model": "base model", "evaluate-model-2": "fine-tuned model", "torchtune-finetune": "TrainJob"}
 # The figure `kfp-trainer run` ends with: held-out loss before and after the fine-tune.
 COMPARE = {"metric": "loss", "before": "evaluate-model", "after": "evaluate-model-2"}
+
+
+def use_credentials(task: Any, hf_secret: Any, s3_secret: Any) -> Any:
+    """Hugging Face and S3 credentials from Kubernetes Secrets (by reference, optional) as the task's env."""
+    kubernetes.use_secret_as_env(task, secret_name=hf_secret, secret_key_to_env={"HF_TOKEN": "HF_TOKEN"}, optional=True)
+    s3_keys = {k: k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")}
+    kubernetes.use_secret_as_env(task, secret_name=s3_secret, secret_key_to_env=s3_keys, optional=True)
+    return task
 
 
 @dsl.pipeline(
@@ -75,23 +87,25 @@ def pipeline(
     eval_examples: int = PARAMS["eval_examples"],
     min_improvement: float = PARAMS["min_improvement"],
     backend: str = PARAMS["backend"],
+    initializer_secret: str = PARAMS["initializer_secret"],
     hf_secret: str = PARAMS["hf_secret"],
+    s3_secret: str = PARAMS["s3_secret"],
     gpus_per_node: int = PARAMS["gpus_per_node"],
 ):
     """Held-out data and base model -> baseline eval -> torchtune fine-tune (TrainJob) -> eval -> gate."""
-    data = dataset_initializer(uri=dataset_uri).set_display_name("held-out data")
-    base = model_initializer(uri=model_uri).set_display_name("base model")
+    data = use_credentials(dataset_initializer(uri=dataset_uri).set_display_name("held-out data"), hf_secret, s3_secret)
+    base = use_credentials(model_initializer(uri=model_uri).set_display_name("base model"), hf_secret, s3_secret)
     base_eval = evaluate_model(
         model=base.outputs["model"], dataset=data.outputs["dataset"], max_examples=eval_examples
     ).set_display_name("evaluate base model")
     tune = torchtune_finetune(
         runtime=runtime,
         dataset_uri=dataset_uri,
-        dataset_secret=hf_secret,
+        dataset_secret=initializer_secret,
         dataset_path=dataset_path,
         dataset_source=dataset_source,
         model_uri=model_uri,
-        model_secret=hf_secret,
+        model_secret=initializer_secret,
         method=method,
         epochs=epochs,
         batch_size=batch_size,
