@@ -245,8 +245,7 @@ class LocalBackend:
                 out = open(directory / "logs" / f"node-{node}.log", "ab")
                 if tune_port:  # the runtime's own tune command, completed as the Trainer controller does
                     argv, node_vars = local_torchtune.node_command(manifest, runtime, workspace, node=node, master_port=tune_port)
-                    out.write(f"{_now()} running {shlex.join(argv)}\n".encode())
-                    out.flush()
+                    (directory / "logs" / f"node-{node}.command").write_text(shlex.join(argv) + "\n")  # not in the log: no metrics
                 job.procs[node] = subprocess.Popen(
                     argv,
                     stdout=out,

@@ -13,7 +13,8 @@ torchtune runtime), plus what a pipeline step needs around it:
   folder>/output``; locally a ``hostPath`` folder next to the output artifact,
   ``<artifact>.torchtune-output`` (the local backend links it into the job's workspace). ``output_dir`` itself is the runtime's to set: the
   Trainer's webhook refuses an override. After success the last complete epoch folder (full
-  weights, or the LoRA adapter with the merged model) becomes the output ``dsl.Model``.
+  weights, or the merged model with the LoRA adapter in ``adapter/``) becomes the output
+  ``dsl.Model``.
 * **A retried step resumes.** The folder is named by the run, the task and its settings (locally:
   by the output artifact, whose path a retry keeps), so a
   KFP retry of the step finds the epoch checkpoints its failed TrainJob left there
@@ -251,14 +252,25 @@ class TorchTuneFinetune:
         final = epochs[-1]
         log(f"copying {final.folder} of {self.output_dir} -> output artifact")
         copy_dir(self.output_dir / final.folder, ctx.output_model.path)
+        model_dir = Path(ctx.output_model.path)
+        merged = any(model_dir.glob("model-*.safetensors"))
+        if final.adapter and merged:
+            # torchtune saves the merged model next to the adapter: the merged model at the top (what
+            # from_pretrained loads), the adapter (torchtune's adapter_config.json, not peft's full one) in adapter/.
+            (model_dir / "adapter").mkdir(exist_ok=True)
+            for path in model_dir.glob("adapter_*"):
+                if path.is_file():
+                    path.rename(model_dir / "adapter" / path.name)
         config_file = self.output_dir / "torchtune_config.yaml"
         if config_file.is_file():  # the config the run resolved, next to the weights
             shutil.copy2(config_file, Path(ctx.output_model.path) / config_file.name)
         outcome.metrics.extend(tune_output.log_points(self.output_dir))
         ctx.metadata.update(
             epochs=final.epoch + 1, torchtune_output=str(self.output_dir),
-            merged_model=bool(final.adapter and any((self.output_dir / final.folder).glob("model-*.safetensors"))),
+            merged_model=bool(final.adapter and merged),
         )  # fmt: skip
+        if final.adapter:
+            ctx.metadata["weights"] = "adapter"  # what was trained; the merged model is there too (merged_model)
 
 
 # Component input -> (settings section, SDK field name).

@@ -236,8 +236,10 @@ def test_llm_finetune_torchtune_runs_the_runtimes_own_tune_command_and_the_held_
     ]
     assert spec["initializer"]["dataset"]["storageUri"] == "builtin://datasets/instruct-sums"
     assert spec["initializer"]["model"]["storageUri"] == "builtin://models/tiny-qwen2.5"
-    node_log = (job_file.parent / "logs" / "node-0.log").read_text()
-    assert "run --rdzv_endpoint=127.0.0.1:" in node_log and "full_finetune_distributed --config qwen2_5/1.5B_full" in node_log
-    assert "mounted /workspace/output -> " + model["uri"] + ".torchtune-output" in node_log
+    command = (job_file.parent / "logs" / "node-0.command").read_text()  # what the local node ran
+    assert "run --rdzv_endpoint=127.0.0.1:" in command and "full_finetune_distributed --config qwen2_5/1.5B_full" in command
+    assert "mounted /workspace/output -> " + model["uri"] + ".torchtune-output" in (job_file.parent / "logs" / "node-0.log").read_text()
+    logged = set(metric_values(outputs, "torchtune-finetune"))  # torchtune's per-step log only (no settings)
+    assert {"loss", "learning_rate"} <= logged <= {"loss", "best_loss", "learning_rate", "tokens_per_second_per_gpu"}, logged
     assert metric_values(outputs, "torchtune-finetune")["loss"] < base["loss"]  # the loss torchtune logged, per step
     assert_report_renders_with_its_plot(Path(artifact(outputs, "torchtune-finetune", "report")["uri"]), tmp_path)
