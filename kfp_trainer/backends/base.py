@@ -78,6 +78,7 @@ class RuntimeInfo:
     framework: str = ""
     allow_host_access: bool = False  # the cluster admin allows host access (ClusterTrainingRuntime annotation)
     init_containers: tuple[tuple[str, tuple[str, ...]], ...] | None = None  # (replicated job, its init containers); None: unknown
+    document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the runtime object as read
 
     @classmethod
     def from_runtime(cls, runtime: dict[str, Any], *, name: str, kind: str, api_version: ApiVersion, num_nodes: int | None) -> RuntimeInfo:
@@ -105,6 +106,7 @@ class RuntimeInfo:
             allow_host_access=kind == "ClusterTrainingRuntime"
             and dig(runtime, "metadata", "annotations", ALLOW_HOST_ACCESS_ANNOTATION) == "true",
             init_containers=tuple(inits),
+            document=runtime,
         )
 
     @property

@@ -22,16 +22,20 @@ start time (:mod:`kfp_trainer.backends.procs`): a retry that finds the superviso
 or its pid now held by another process) replaces the job, and a launcher following an adopted
 job reports it failed (``SupervisorLost``) when its supervisor dies -- nobody would ever record
 its end otherwise.
-Runtimes: ``torch-distributed`` is built in; ClusterTrainingRuntime/TrainingRuntime YAML files
-in ``runtimes_dir`` (or ``$KFP_TRAINER_RUNTIMES_DIR``) are read too, so local runs mirror a
-cluster's runtimes.
+Runtimes: ``torch-distributed`` and the Trainer's torchtune runtimes are built in (a torchtune
+runtime's nodes run its own ``tune run`` command, see :mod:`.local_torchtune`);
+ClusterTrainingRuntime/TrainingRuntime YAML files in ``runtimes_dir`` (or
+``$KFP_TRAINER_RUNTIMES_DIR``) are read too, so local runs mirror a cluster's runtimes.
+``hostPath`` volumes the trainer mounts under ``/workspace`` become links in the job's workspace.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -44,6 +48,7 @@ from typing import Any
 from ..errors import RuntimeNotFoundError, UserError
 from ..spec import TrainJobInputs
 from ..storage import fetch, redact
+from . import local_torchtune
 from .base import Blocker, JobRef, JobStatus, LogLine, LogSink, Phase, RuntimeInfo, Submission, check_ownership, trainjob_status
 from .local_runtime import (
     BUILTIN_RUNTIMES,
@@ -51,6 +56,7 @@ from .local_runtime import (
     WORKSPACE,
     free_port,
     initializer_env,
+    link_mounts,
     load_runtimes,
     map_workspace,
     node_env,
@@ -127,9 +133,11 @@ class LocalBackend:
         if key not in runtimes:
             where = f" and {self.runtimes_dir}" if self.runtimes_dir else f" (set {RUNTIMES_ENV} to a folder of runtime YAML)"
             raise RuntimeNotFoundError(f"runtime: {key} is not a local runtime. Available (built in{where}): {', '.join(sorted(runtimes))}")
-        self.runtime = RuntimeInfo.from_runtime(
+        info = RuntimeInfo.from_runtime(
             runtimes[key], name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", num_nodes=inputs.num_nodes
         )
+        # A local job is this user's processes on this machine: host paths are what it sees anyway.
+        self.runtime = dataclasses.replace(info, allow_host_access=True)
         return self.runtime
 
     # ------------------------------------------------------------------ paths
@@ -152,7 +160,10 @@ class LocalBackend:
         ref = JobRef(namespace, manifest["metadata"]["name"])
         directory = self.job_dir(ref)
         workspace = directory / "workspace"
-        command = trainer_command(manifest, self._runtime_doc(manifest), workspace)  # fails before anything starts
+        runtime = self._runtime_doc(manifest)
+        if local_torchtune.is_torchtune(runtime):
+            local_torchtune.check_available(manifest["spec"]["runtimeRef"]["name"])
+        command = trainer_command(manifest, runtime, workspace)  # fails before anything starts
         existing = _read_json(directory / "trainjob.json")
         replaced = False
         notes: list[str] = []
@@ -209,6 +220,9 @@ class LocalBackend:
         directory, workspace = job.dir, job.dir / "workspace"
         manifest = obj
         try:
+            for line in link_mounts(manifest, workspace):
+                with open(directory / "logs" / "node-0.log", "a") as out:
+                    out.write(f"{_now()} mounted {line}\n")
             for kind in ("dataset", "model"):
                 uri = ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("storageUri")
                 if uri and not job.cancelled.is_set():
@@ -223,17 +237,22 @@ class LocalBackend:
                 or 1
             )
             env = node_env(manifest, runtime, workspace, nodes)
+            tune_port = free_port() if local_torchtune.is_torchtune(runtime) else 0
             for node in range(nodes):
                 if job.cancelled.is_set():
                     return
+                argv, node_vars = command, ({**env, "PET_NODE_RANK": str(node)} if torch else env)
                 out = open(directory / "logs" / f"node-{node}.log", "ab")
+                if tune_port:  # the runtime's own tune command, completed as the Trainer controller does
+                    argv, node_vars = local_torchtune.node_command(manifest, runtime, workspace, node=node, master_port=tune_port)
+                    (directory / "logs" / f"node-{node}.command").write_text(shlex.join(argv) + "\n")  # not in the log: no metrics
                 job.procs[node] = subprocess.Popen(
-                    command,
+                    argv,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     cwd=workspace,
-                    env={**env, "PET_NODE_RANK": str(node)} if torch else env,
+                    env=node_vars,
                     start_new_session=True,
                 )
                 out.close()

@@ -22,6 +22,7 @@ import yaml
 
 from ..errors import ValidationError
 from ..spec import dig
+from .local_torchtune import TORCHTUNE_RUNTIMES
 
 log = logging.getLogger(__name__)
 RUNTIMES_ENV = "KFP_TRAINER_RUNTIMES_DIR"
@@ -34,9 +35,16 @@ BUILTIN_RUNTIMES: dict[str, dict[str, Any]] = {
         "metadata": {"name": "torch-distributed", "labels": {"trainer.kubeflow.org/framework": "torch"}},
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {"spec": {"replicatedJobs": [{"name": "node"}]}},
+            "template": {"spec": {"replicatedJobs": [{
+                "name": "node",
+                "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "pytorch/pytorch"}]}}},
+                },
+            }]}},  # fmt: skip
         },
     },
+    **TORCHTUNE_RUNTIMES,
 }
 
 
@@ -131,3 +139,51 @@ def node_env(manifest: dict[str, Any], runtime: dict[str, Any], workspace: Path,
             PET_MASTER_PORT=str(free_port()),
         )
     return env
+
+
+def workspace_mounts(manifest: dict[str, Any], workspace: Path) -> list[tuple[Path, Path]]:
+    """``hostPath`` volumes the trainer mounts under ``/workspace``: (local workspace path, host path).
+
+    A local node runs on this machine, so a ``hostPath`` volume is that directory itself; one
+    mounted under ``/workspace`` (e.g. ``/workspace/output`` on a durable folder) becomes a link
+    in the job's local workspace. Other volumes and mounts have no local meaning and are skipped.
+
+    Example:
+        >>> patch = {"name": "node", "template": {"spec": {"template": {"spec": {
+        ...     "volumes": [{"name": "out", "hostPath": {"path": "/data/run-1"}}],
+        ...     "containers": [{"name": "node", "volumeMounts": [{"name": "out", "mountPath": "/workspace/output"}]}]}}}}}
+        >>> m = {"spec": {"runtimePatches": [{"trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [patch]}}}}]}}
+        >>> [(str(a), str(b)) for a, b in workspace_mounts(m, Path("/tmp/ws"))]
+        [('/tmp/ws/output', '/data/run-1')]
+    """
+    found: list[tuple[Path, Path]] = []
+    for patch in (manifest.get("spec") or {}).get("runtimePatches") or []:
+        for rj in dig(patch, "trainingRuntimeSpec", "template", "spec", "replicatedJobs") or []:
+            pod = dig(rj, "template", "spec", "template", "spec") or {}
+            if rj.get("name") != "node":
+                continue
+            hosts = {v.get("name"): dig(v, "hostPath", "path") for v in pod.get("volumes") or [] if dig(v, "hostPath", "path")}
+            for container in pod.get("containers") or []:
+                if container.get("name") != "node":
+                    continue
+                for mount in container.get("volumeMounts") or []:
+                    path, host = str(mount.get("mountPath") or ""), hosts.get(mount.get("name"))
+                    if host and path.startswith(WORKSPACE + "/") and ".." not in path.split("/"):
+                        source = Path(host) / mount["subPath"] if mount.get("subPath") else Path(host)
+                        found.append((Path(map_workspace(path, workspace)), source))
+    return found
+
+
+def link_mounts(manifest: dict[str, Any], workspace: Path) -> list[str]:
+    """Make the links :func:`workspace_mounts` describes (creating their targets); what was linked."""
+    done = []
+    for local, host in workspace_mounts(manifest, workspace):
+        host.mkdir(parents=True, exist_ok=True)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        if local.is_symlink() or local.is_file():
+            local.unlink()
+        elif local.is_dir():
+            shutil.rmtree(local)
+        local.symlink_to(host, target_is_directory=True)
+        done.append(f"{WORKSPACE}/{local.relative_to(workspace).as_posix()} -> {host}")
+    return done

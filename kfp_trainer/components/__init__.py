@@ -1,6 +1,7 @@
 """KFP components of kfp-trainer: thin definitions over the library.
 
     from kfp_trainer.components import dataset_initializer, model_initializer, train_job, evaluate_model
+    from kfp_trainer.components import torchtune_finetune, trainjob_component
 
 Each module here imports only the standard library and ``kfp`` at its top level; what a
 component does at run time lives in :mod:`kfp_trainer.steps`. ``workspace_config`` makes a
@@ -11,6 +12,7 @@ component is in ``components/<name>/component.yaml`` (``kfp-trainer compile``).
 from ._image import BASE_IMAGE, DEFAULT_IMAGE, DEFAULT_TRAINER_IMAGE, TRAINER_IMAGE
 from .context import with_run_context
 from .evaluate import evaluate_model
+from .finetune import torchtune_finetune
 from .function import trainjob_component
 from .initializers import dataset_initializer, model_initializer
 from .loading import load_component_from_file, load_component_from_url
@@ -20,6 +22,7 @@ from .workspace import workspace_config
 # name -> component, in the order the generated files list them
 COMPONENTS = {
     "train_job": train_job,
+    "torchtune_finetune": torchtune_finetune,
     "dataset_initializer": dataset_initializer,
     "model_initializer": model_initializer,
     "evaluate_model": evaluate_model,
@@ -37,6 +40,7 @@ __all__ = [
     "load_component_from_file",
     "load_component_from_url",
     "model_initializer",
+    "torchtune_finetune",
     "train_job",
     "trainjob_component",
     "with_run_context",

@@ -1,14 +1,19 @@
 # ruff: noqa: UP045 - the generated component signature needs Optional[...] (KFP does not read X | None).
 """``trainjob_component``: turn a Python training function into a component that runs it in a TrainJob.
 
-The function's source travels inside the component (and from there in the TrainJob's
-command), so it must be self-contained like any KFP lightweight component: imports inside
-its body, parameters annotated with ``str``, ``int``, ``float``, ``bool``, ``dict`` or ``list``.
-Three parameter names are special: ``dataset_dir`` and ``model_dir`` add ``dataset`` /
-``model`` artifact inputs and receive their paths; ``output_dir`` receives the directory to
-save the model to, which becomes the ``output_model`` artifact. Everything the function
-prints as metrics (JSON lines, ``name=value``) becomes the ``metrics`` output and the
-report's curves. With a torch runtime, every node runs the function under ``torchrun``.
+It is the pipeline form of the kubeflow SDK's ``TrainerClient().train(trainer=CustomTrainer(func,
+func_args, packages_to_install, ...))``: the TrainJob runs the function exactly as the SDK's
+does (the same command: packages installed, the source written to its file name, started by
+the runtime's launcher -- ``torchrun`` on every node of a torch runtime -- and called as
+``func(**func_args)``), so a function moved from ``train()`` into a pipeline changes nothing.
+The function's parameters become the component's inputs (``func_args``). Its source travels
+inside the component, so it must be self-contained like any KFP lightweight component:
+imports inside its body, parameters annotated with ``str``, ``int``, ``float``, ``bool``,
+``dict`` or ``list``. Three parameter names are special: ``dataset_dir`` and ``model_dir`` add
+``dataset`` / ``model`` artifact inputs and receive their paths; ``output_dir`` receives the
+directory to save the model to, which becomes the ``output_model`` artifact. Everything the
+function prints as metrics (JSON lines, ``name=value``) becomes the ``metrics`` output and
+the report's curves.
 
 Only the standard library and ``kfp`` are imported here.
 
@@ -27,6 +32,7 @@ Example:
 import inspect
 import itertools
 import linecache
+import os
 import textwrap
 import typing
 from collections.abc import Callable
@@ -39,12 +45,12 @@ from ._image import BASE_IMAGE, TRAINER_IMAGE
 from .context import with_run_context
 from .train_job import TASK_CONFIG_PASSTHROUGHS
 
-SPECIAL = {"dataset_dir": "{dataset}", "model_dir": "{model}", "output_dir": "{output_model}"}
+SPECIAL = ("dataset_dir", "model_dir", "output_dir")
 _TYPES = {str: "str", int: "int", float: "float", bool: "bool", dict: "dict", list: "list"}
 _RESERVED = {
     "output_model", "metrics", "report", "trainjob", "dataset", "model", "num_nodes", "runtime", "image", "backend",
     "workspace_path", "run_id", "task_name", "task_id", "start_timeout", "run_timeout", "task_config", "env", "num_proc_per_node",
-    "resources_per_node", "namespace", "logs",
+    "resources_per_node", "namespace", "logs", "packages_to_install", "pip_index_urls",
 }
 _counter = itertools.count()
 
@@ -88,17 +94,18 @@ def trainjob_component(
     image: Optional[str] = None,
     resources_per_node: Optional[dict] = None,
     env: Optional[dict] = None,
-    torchrun: Optional[bool] = None,
+    packages_to_install: Optional[list] = None,
+    pip_index_urls: Optional[list] = None,
     base_image: Optional[str] = None,
 ) -> Any:
     """Make a KFP component that runs ``func`` distributed inside a TrainJob.
 
     Usable as ``trainjob_component(train, num_nodes=2)`` or as the decorator
     ``@trainjob_component(num_nodes=2)``. The component's inputs are the function's
-    parameters plus ``num_nodes``, ``runtime``, ``image``, ``backend``, ``workspace_path``
-    (see ``train_job``), time limits, and ``dataset`` / ``model`` artifacts when the function
-    takes ``dataset_dir`` / ``model_dir``. Outputs: ``output_model``, ``metrics``,
-    ``report`` and ``trainjob``, as for ``train_job``.
+    parameters plus ``num_nodes``, ``runtime``, ``image``, ``packages_to_install``,
+    ``pip_index_urls``, ``backend``, ``workspace_path`` (see ``train_job``), time limits, and
+    ``dataset`` / ``model`` artifacts when the function takes ``dataset_dir`` / ``model_dir``.
+    Outputs: ``output_model``, ``metrics``, ``report`` and ``trainjob``, as for ``train_job``.
 
     Args:
         func: The training function (self-contained; imports inside its body).
@@ -108,8 +115,10 @@ def trainjob_component(
         image: Default trainer image; one with torch and kfp-trainer's dependencies.
         resources_per_node: Default resources of each node.
         env: Extra environment of the trainer.
-        torchrun: Start the function with ``torchrun`` (default: for torch runtimes, i.e.
-            any runtime not named ``*mpi*``, ``*jax*``, ``*xgboost*``).
+        packages_to_install: Default pip requirements installed in the trainer before the
+            function runs (as the SDK's ``packages_to_install``; a local run installs nothing
+            and needs them installed already).
+        pip_index_urls: Default package indexes: the first is the index, the others extra ones.
         base_image: Image of the launcher step itself.
 
     Returns:
@@ -121,10 +130,14 @@ def trainjob_component(
     if func is None:
         return lambda f: trainjob_component(
             f, runtime=runtime, num_nodes=num_nodes, num_proc_per_node=num_proc_per_node, image=image,
-            resources_per_node=resources_per_node, env=env, torchrun=torchrun, base_image=base_image,
+            resources_per_node=resources_per_node, env=env, packages_to_install=packages_to_install,
+            pip_index_urls=pip_index_urls, base_image=base_image,
         )
     name = func.__name__
-    use_torchrun = torchrun if torchrun is not None else not any(k in runtime for k in ("mpi", "jax", "xgboost"))
+    try:
+        func_file = os.path.basename(inspect.getfile(func))  # the file name the SDK gives the source in the pod
+    except TypeError:
+        func_file = f"{name}.py"
     signature = inspect.signature(func)
     params, arguments, specials = [], [], []
     for p in signature.parameters.values():
@@ -144,7 +157,6 @@ def trainjob_component(
     source = _function_source(func)
     doc = inspect.getdoc(func) or f"Runs {name} in a Kubeflow Trainer TrainJob."
     args_dict = ", ".join(f"{a!r}: {a}" for a in arguments)
-    special_dict = ", ".join(f"{s!r}: {SPECIAL[s]!r}" for s in specials)
     code = f'''
 def {name}(
     output_model: Output[Model],
@@ -156,6 +168,8 @@ def {name}(
     num_nodes: int = {int(num_nodes)!r},
     runtime: str = {runtime!r},
     image: str = {image or TRAINER_IMAGE!r},
+    packages_to_install: list = {list(packages_to_install or [])!r},
+    pip_index_urls: list = {list(pip_index_urls or ["https://pypi.org/simple"])!r},
     backend: str = "auto",
     workspace_path: str = "",
     run_id: str = dsl.PIPELINE_JOB_ID_PLACEHOLDER,
@@ -168,16 +182,14 @@ def {name}(
     {doc!r}
     from kfp_trainer import steps
 
-    source = {source!r}
-    arguments = {{{args_dict}}}
-    arguments.update({{{special_dict}}})
     inputs = {{
         "runtime": runtime, "image": image, "num_nodes": num_nodes, "run_id": run_id, "task_name": task_name, "task_id": task_id,
-        "command": steps.function_command(source, {name!r}, arguments, torchrun={use_torchrun!r}),
         "num_proc_per_node": {num_proc_per_node!r}, "resources_per_node": {resources_per_node!r}, "env": {env!r},
     }}
     steps.exit_on_error(
-        lambda: steps.run_train_job(
+        lambda: steps.run_function_job(
+            source={source!r}, function={name!r}, func_file={func_file!r}, arguments={{{args_dict}}}, specials={specials!r},
+            packages_to_install=packages_to_install, pip_index_urls=pip_index_urls,
             inputs=inputs, task_config=task_config, backend=backend, start_timeout=start_timeout,
             run_timeout=run_timeout, logs="0", delete_after_success=False, workspace_path=workspace_path,
             dataset={"dataset" if "dataset_dir" in specials else "None"}, model={"model" if "model_dir" in specials else "None"},

@@ -8,6 +8,7 @@ Modules:
     local_tune: a torchtune runtime's command -> command and env to run it on this machine.
     cpu_compat: local-only patches that let torchtune's distributed recipes run on CPU.
     checkpoints: latest complete torchtune checkpoint in an output dir -> resume overrides.
+    tune_output: a torchtune output dir's loss log as metric points; checks of extra overrides.
     progress: report progress to the Trainer v2.3 status server (stdlib only).
     tiny_models: offline tiny models/tokenizers/datasets of the torchtune runtimes' architectures.
 """

@@ -322,6 +322,38 @@ def write_workspace(workspace: str | Path, config_name: str, *, rows: int = 128,
     return arch
 
 
+#: Rows of the builtin instruct dataset: 16 optimizer steps of ``qwen2_5/1.5B_full`` on two ranks,
+#: one of ``llama3_2/1B_full`` (batch 4, 8 accumulated batches).
+BUILTIN_DATASET_ROWS = 64
+
+
+def write_builtin_model(dest: str | Path, model_key: str, *, seed: int = 0) -> None:
+    """A tiny model of ``model_key`` (e.g. ``qwen2_5/1.5B``) with its tokenizer, as a model initializer fetches it.
+
+    The tokenizer's merges are learnt from the builtin instruct dataset's text.
+    """
+    arch = ARCHITECTURES[model_key]
+    write_model(dest, arch, seed=seed)
+    texts = [f"{r['input']} {r['output']}" for r in addition_examples(BUILTIN_DATASET_ROWS, seed=seed)]
+    if arch.tokenizer_kind == "bpe":
+        write_bpe_tokenizer(dest, texts)
+    else:
+        write_tiktoken_tokenizer(dest, texts)
+
+
+def write_builtin_dataset(dest: str | Path, *, rows: int = BUILTIN_DATASET_ROWS, test_rows: int = 64, seed: int = 0) -> None:
+    """The instruct dataset the torchtune runtimes read, with held-out rows for evaluation.
+
+    ``data/train.parquet`` has ``input``/``output`` columns (``instruct_dataset``); ``test.jsonl``
+    has ``prompt``/``completion`` records (what ``evaluate_model`` reads).
+    """
+    examples = addition_examples(rows + test_rows, seed=seed)
+    write_dataset(Path(dest) / "data", examples[:rows])
+    with open(Path(dest) / "test.jsonl", "w", encoding="utf-8") as f:
+        for row in examples[rows:]:
+            f.write(json.dumps({"prompt": row["input"] + " ", "completion": row["output"]}) + "\n")
+
+
 def overrides_for(model_dir: str | Path, config_name: str) -> list[str]:
     """The tiny-model overrides for ``config_name`` if ``model_dir`` holds a tiny model, else ``[]``.
 

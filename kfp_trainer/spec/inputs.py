@@ -114,6 +114,9 @@ class TrainJobInputs(BaseModel):
     image: Text = ""
     command: list[Text] = Field(default_factory=list)
     args: list[Text] = Field(default_factory=list)
+    # Appended to args to continue an earlier try of the same job (e.g. from its checkpoint); not part
+    # of the job's identity (name, inputs digest), so the retry replaces or adopts that try's TrainJob.
+    resume_args: list[Text] = Field(default_factory=list)
     env: dict[Text, Text] | list[dict[Text, Any]] = Field(default_factory=dict)
     num_nodes: int | None = None
     num_proc_per_node: int | Text | None = None
@@ -194,7 +197,7 @@ class TrainJobInputs(BaseModel):
 
     def digest(self) -> str:
         """Digest of what the job runs (identity fields left out): tells iterations apart."""
-        content = self.model_dump(exclude={"name", "name_prefix", "run_id", "task_name", "pipeline_name"})
+        content = self.model_dump(exclude={"name", "name_prefix", "run_id", "task_name", "pipeline_name", "resume_args"})
         for key in _LEFT_OUT_WHEN_UNSET:  # inputs added later: unset, they keep the names of jobs made before them
             if content.get(key) in (None, "", [], {}):
                 content.pop(key, None)

@@ -98,8 +98,8 @@ def _trainer(inputs: TrainJobInputs) -> dict[str, Any]:
         trainer["image"] = inputs.image
     if inputs.command:
         trainer["command"] = list(inputs.command)
-    if inputs.args:
-        trainer["args"] = list(inputs.args)
+    if inputs.args or inputs.resume_args:
+        trainer["args"] = list(inputs.args) + list(inputs.resume_args)
     if inputs.env:
         trainer["env"] = env_list(inputs.env)
     if inputs.num_nodes is not None:
@@ -136,7 +136,7 @@ def _initializer(inputs: TrainJobInputs) -> dict[str, Any]:
         if not uri:
             continue
         item: dict[str, Any] = {"storageUri": uri}
-        if env:
+        if env or isinstance(env, list):  # an explicit empty list is kept, as the kubeflow SDK writes it
             item["env"] = env_list(env)
         if secret:
             item["secretRef"] = {"name": secret}

@@ -237,11 +237,11 @@ def check_uri(field: str, uri: Any, schemes: tuple[str, ...]) -> list[Validation
         repo, _, revision = rest.partition("@")
         parts = repo.strip("/").split("/")
         if (
-            not 1 <= len(parts) <= 2
-            or not all(ok(_HF_PART, p) for p in parts)
+            not all(ok(_HF_PART, p) for p in parts[:2])
+            or not all(ok(_HF_PART, p, 255) for p in parts[2:])  # a folder or file in the repository (the SDK's form)
             or (revision and not ok(re.compile(r"[A-Za-z0-9._/-]+"), revision, 255))
         ):
-            return [ValidationError(field, uri, "hf://<org>/<name>[@<revision>]: letters, digits, '.', '_', '-'")]
+            return [ValidationError(field, uri, "hf://<org>/<name>[/<path>][@<revision>]: letters, digits, '.', '_', '-'")]
     if scheme == "file" and not rest.startswith("/"):
         return [ValidationError(field, uri, "file:///<absolute path>")]
     return []

@@ -117,7 +117,7 @@ def _check_trainer(inputs: TrainJobInputs, api_version: ApiVersion | None) -> li
         e.append(
             ValidationError("image", inputs.image, "an image reference without spaces, <= 500 characters (registry/name:tag[@digest])")
         )
-    for field in ("command", "args"):
+    for field in ("command", "args", "resume_args"):
         items = getattr(inputs, field)
         if len(items) > MAX_LIST_ITEMS:
             e.append(ValidationError(field, f"{len(items)} items", f"at most {MAX_LIST_ITEMS} items"))

@@ -3,10 +3,12 @@
 The KFP component functions in :mod:`kfp_trainer.components` only collect their inputs and
 call one function here, one module per component:
 
-* :mod:`.train_job` -- ``train_job`` and ``trainjob_component`` components: one TrainJob;
+* :mod:`.train_job` -- ``train_job`` and ``trainjob_component`` components: one TrainJob, and the
+  hooks typed trainers plug into;
+* :mod:`.finetune` -- ``torchtune_finetune``: a torchtune runtime's fine-tune, its model, its resume;
 * :mod:`.initializers` -- ``dataset_initializer`` / ``model_initializer``;
 * :mod:`.evaluate` -- ``evaluate_model``: LM metrics and the gate verdict;
-* :mod:`.function` -- the command that runs a shipped Python function in a TrainJob;
+* :mod:`.function` -- ``trainjob_component`` components: a Python function run as the SDK's CustomTrainer;
 * :mod:`.classify` -- classifier evaluation (metrics and a confusion matrix);
 * :mod:`.sweep` -- choosing the best of several trained models;
 * :mod:`.common` -- log lines, exit codes, the KFP run identity, files on shared volumes.
@@ -32,7 +34,8 @@ from .common import (
     unresolved,
 )
 from .evaluate import compare, read_metrics_artifact, run_evaluate, run_lm_eval
-from .function import BOOTSTRAP, function_command
+from .finetune import run_torchtune_finetune
+from .function import BOOTSTRAP, function_command, run_function_job
 from .initializers import run_initializer
 from .sweep import run_select_best
 from .train_job import normalize_values, run_train_job
@@ -58,6 +61,8 @@ __all__ = [
     "run_lm_eval",
     "run_classifier_evaluation",
     "run_select_best",
+    "run_function_job",
+    "run_torchtune_finetune",
     "run_train_job",
     "shared_dir",
     "stage",

@@ -221,7 +221,7 @@ def model_metadata(model_dir: str | Path, **known: Any) -> dict[str, Any]:
     meta: dict[str, Any] = {"weights": weights, "format": fmt, "files": files, "bytes": size}
     if (root / "config.json").is_file():
         meta["framework"] = "transformers"
-    for key in ("method", "steps", "train_loss", "world_size", "trainable_params"):
+    for key in ("method", "steps", "train_loss", "world_size", "trainable_params", "resumed_from_step"):
         if key in info:
             meta[key] = info[key]
     meta.update({k: v for k, v in known.items() if v not in (None, "")})

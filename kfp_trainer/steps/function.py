@@ -1,10 +1,33 @@
-"""Run-time work of ``trainjob_component``: the TrainJob command that runs a shipped Python function."""
+"""Run-time work of ``trainjob_component`` components: a Python function run as the SDK's ``CustomTrainer`` runs it.
+
+The TrainJob's command is the one the kubeflow SDK 0.5.0 writes for ``CustomTrainer(func,
+func_args, packages_to_install, pip_index_urls)`` (:func:`kfp_trainer.llm.render.render_function`):
+a shell script that installs the packages, writes the function's source to its file name and
+starts it with the runtime's launcher (``torchrun`` for torch runtimes, ``mpirun`` for MPI,
+``python`` otherwise), calling ``func(**func_args)``. So a function moved from ``train()`` into
+a pipeline step runs unchanged. Three parameter names get paths instead of values:
+``dataset_dir`` and ``model_dir`` (the input artifacts) and ``output_dir`` (where to save the
+model, which becomes the output artifact); they are resolved before the command is rendered,
+so the function's source is carried verbatim.
+
+Locally the function runs in this environment: nothing is installed, and a package it needs
+that is missing here fails the step before anything starts, naming it.
+
+:func:`function_command` and :data:`BOOTSTRAP` are the command of components compiled by
+earlier versions, kept so that their YAML still runs.
+"""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from typing import Any
+
+from ..errors import InvalidSpecErrors, ValidationError
+
+#: The artifact parameters of a function and the placeholder each gets.
+SPECIAL = {"dataset_dir": "{dataset}", "model_dir": "{model}", "output_dir": "{output_model}"}
 
 BOOTSTRAP = """\
 import base64, json, os, sys, tempfile
@@ -19,7 +42,7 @@ os.execv(sys.executable, [sys.executable, path, arguments])
 
 
 def function_command(source: str, function: str, arguments: dict[str, Any], *, torchrun: bool) -> list[str]:
-    """The TrainJob command that runs ``function`` from ``source`` with ``arguments``.
+    """The TrainJob command of components compiled by earlier versions (kept for their YAML).
 
     Example:
         >>> function_command("def f(): pass", "f", {}, torchrun=False)[:2]
@@ -27,3 +50,137 @@ def function_command(source: str, function: str, arguments: dict[str, Any], *, t
     """
     encoded = base64.b64encode(source.encode()).decode()
     return ["python", "-c", BOOTSTRAP, encoded, function, json.dumps(arguments, sort_keys=True), "torchrun" if torchrun else "plain"]
+
+
+def missing_packages(requirements: list[str]) -> list[str]:
+    """The requirements this environment does not satisfy (name and version specifier).
+
+    Example:
+        >>> missing_packages(["pip", "surely-not-installed-pkg>=1"])
+        ['surely-not-installed-pkg>=1']
+    """
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    missing = []
+    for text in requirements:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            missing.append(text)
+            continue
+        try:
+            version = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            missing.append(text)
+            continue
+        if req.specifier and not req.specifier.contains(version, prereleases=True):
+            missing.append(text)
+    return missing
+
+
+class FunctionTrainer:
+    """A :class:`~kfp_trainer.steps.train_job.TypedTrainer` for a Python function (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        function: str,
+        func_file: str,
+        arguments: dict[str, Any],
+        specials: list[str],
+        packages_to_install: list[str] | None = None,
+        pip_index_urls: list[str] | None = None,
+    ) -> None:
+        self.source, self.function, self.func_file = source, function, func_file
+        self.arguments, self.specials = dict(arguments), list(specials)
+        self.packages = list(packages_to_install or [])
+        self.index_urls = list(pip_index_urls or [])
+
+    def identity(self) -> dict[str, Any]:
+        """The function, its arguments and packages."""
+        digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
+        return {"source": digest, "function": self.function, "arguments": self.arguments, "packages": self.packages}
+
+    def _settings(self, func_args: dict[str, Any], packages: list[str]) -> Any:
+        from ..llm.inputs import FunctionTrainerSettings, parse
+
+        extra = {"pip_index_urls": self.index_urls} if self.index_urls else {}
+        return parse(
+            FunctionTrainerSettings, func_source=self.source, func_name=self.function, func_file=self.func_file,
+            func_args=func_args, packages_to_install=packages or None, **extra,
+        )  # fmt: skip
+
+    def configure(self, ctx: Any) -> dict[str, Any]:
+        """Check the function, its packages and the runtime; name the artifact placeholders it uses."""
+        from ..llm.runtimes import RuntimeTrainer
+
+        self._settings({**self.arguments, **{s: SPECIAL[s] for s in self.specials}}, self.packages)  # every problem, now
+        if ctx.local and self.packages:
+            missing = missing_packages(self.packages)
+            if missing:
+                raise InvalidSpecErrors([ValidationError(
+                    "packages_to_install", missing, "packages installed here: a local run starts the function in this "
+                    f"environment and installs nothing (pip install {' '.join(missing)})",
+                )])  # fmt: skip
+        try:
+            rt = RuntimeTrainer.from_runtime(ctx.runtime.document)
+        except ValidationError as e:
+            raise InvalidSpecErrors([e]) from None
+        if rt.is_torchtune:
+            raise InvalidSpecErrors([ValidationError(
+                "runtime", rt.name, "a runtime that runs training functions (torch, MPI, ...); torchtune runtimes take "
+                "torchtune settings (use torchtune_finetune)",
+            )])  # fmt: skip
+        return {"command": [SPECIAL[s] for s in self.specials]} if self.specials else {"command": ["python"]}
+
+    def finalize(self, ctx: Any, paths: dict[str, str]) -> dict[str, Any]:
+        """The SDK's command, with the artifact parameters' paths among the function's arguments."""
+        from ..llm.render import render_function
+
+        func_args = {**self.arguments, **{s: paths[SPECIAL[s][1:-1]] for s in self.specials}}
+        settings = self._settings(func_args, [] if ctx.local else self.packages)
+        return {"command": render_function(ctx.runtime.document, settings).spec["trainer"]["command"]}
+
+    def before_launch(self, ctx: Any) -> None:
+        """Nothing to prepare."""
+
+    def collect(self, ctx: Any, outcome: Any) -> None:
+        """The function saved its model to ``output_dir``: nothing more to do."""
+
+
+def run_function_job(
+    *,
+    source: str,
+    function: str,
+    func_file: str,
+    arguments: dict[str, Any],
+    specials: list[str],
+    packages_to_install: list[str] | None = None,
+    pip_index_urls: list[str] | None = None,
+    **launch: Any,
+) -> Any:
+    """Run a ``trainjob_component`` component's function in one TrainJob.
+
+    Args:
+        source: The function's source (``def ...``).
+        function: Its name.
+        func_file: The file name the SDK would give it (the file it was defined in).
+        arguments: Its keyword arguments (``func_args``), the artifact parameters left out.
+        specials: Which of ``dataset_dir``, ``model_dir``, ``output_dir`` it takes.
+        packages_to_install: pip requirements installed in the trainer before the function runs.
+        pip_index_urls: Package indexes (the first is the index, the others extra indexes).
+        **launch: What :func:`~kfp_trainer.steps.train_job.run_train_job` takes besides ``trainer``.
+
+    Returns:
+        The launcher's ``Outcome``.
+    """
+    from .train_job import run_train_job
+
+    trainer = FunctionTrainer(
+        source=source, function=function, func_file=func_file, arguments=arguments, specials=specials,
+        packages_to_install=packages_to_install, pip_index_urls=pip_index_urls,
+    )  # fmt: skip
+    return run_train_job(trainer=trainer, **launch)

@@ -1,12 +1,19 @@
-"""Run-time work of the ``train_job`` component (and of ``trainjob_component`` components)."""
+"""Run-time work of the ``train_job`` component, and the mechanism the typed trainers build on.
+
+:func:`run_train_job` runs one TrainJob for a step: identity, task settings, paths on the shared
+volume, launch, outputs. A typed trainer (:class:`TypedTrainer`: the torchtune fine-tune of
+:mod:`.finetune`, the Python function of :mod:`.function`) plugs into it: once the runtime is
+known it fills in the TrainJob inputs, and once the job succeeded it hands on the model.
+"""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .. import naming
 from ..errors import UserError
@@ -39,6 +46,54 @@ def _shared_copy(artifact: Any, shared_root: str | None) -> str | None:
     if isinstance(where, str) and where.startswith(shared_root.rstrip("/") + "/") and ".." not in where.split("/") and Path(where).exists():
         return where
     return None
+
+
+@dataclass
+class TrainerContext:
+    """Where a typed trainer's TrainJob runs, for :class:`TypedTrainer` hooks.
+
+    ``inputs`` are the TrainJob inputs so far (the component's, merged with the task's
+    settings); ``shared_root`` is the volume shared with the TrainJob's pods (cluster only);
+    ``key`` names this task's folder on it (stable across retries of the step); ``local``
+    tells the local backend. Hooks add report rows to ``report`` and model metadata to
+    ``metadata``.
+    """
+
+    backend: Any
+    runtime: Any
+    inputs: dict[str, Any]
+    local: bool
+    shared_root: str | None
+    key: str
+    workspace_path: str
+    output_model: Any
+    dataset: Any = None
+    model: Any = None
+    report: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class TypedTrainer(Protocol):
+    """A trainer described by typed settings instead of a command (see the module docstring)."""
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that make two tries the same job (part of the task's folder name)."""
+
+    def configure(self, ctx: TrainerContext) -> dict[str, Any]:
+        """TrainJob inputs for the resolved runtime (``ctx.runtime``); reads only, writes nothing.
+
+        ``{dataset}``, ``{model}`` and ``{output_model}`` in the returned command, args or env
+        are planned as for ``train_job`` (staged on the shared volume, copied out after success).
+        """
+
+    def finalize(self, ctx: TrainerContext, paths: dict[str, str]) -> dict[str, Any]:
+        """Last TrainJob input changes, once the placeholders' paths (``paths``) are known."""
+
+    def before_launch(self, ctx: TrainerContext) -> None:
+        """Writes (folders on the shared volume) once every input has been checked."""
+
+    def collect(self, ctx: TrainerContext, outcome: Any) -> None:
+        """After success: fill ``ctx.output_model`` and add metrics, metadata and report rows."""
 
 
 _INTEGRAL = re.compile(r"^[+-]?\d+\.0+$")
@@ -95,6 +150,7 @@ def run_train_job(
     trainjob_path: str,
     backend_factory: Callable[[str], Any] | None = None,
     queue_timeout: float = 0.0,
+    trainer: TypedTrainer | None = None,
 ) -> Any:
     """Run one TrainJob for the ``train_job`` component and fill its outputs.
 
@@ -116,6 +172,7 @@ def run_train_job(
         trainjob_path: File to write ``namespace/name`` to (written as soon as it is known).
         backend_factory: Test hook replacing :func:`~kfp_trainer.backends.select_backend`.
         queue_timeout: Seconds the job may wait suspended in its queue; 0 = no limit.
+        trainer: A typed trainer that completes the inputs and hands on the model.
 
     Returns:
         The launcher's ``Outcome``.
@@ -152,7 +209,17 @@ def run_train_job(
     key_source = json.dumps(given, sort_keys=True, default=str) + "|" + "|".join(
         str(getattr(a, "uri", "") or "") for a in (dataset, model)
     )
+    if trainer is not None:
+        key_source += "|" + json.dumps(trainer.identity(), sort_keys=True, default=str)
     key = f"{naming.label_value(task_name or 'train-job')[:40].strip('-_.') or 'train'}-{naming.digest(key_source)}"
+    ctx = None
+    if trainer is not None:
+        probe = TrainJobInputs.parse(**{k: merged[k] for k in ("runtime", "runtime_kind", "namespace") if merged.get(k)})
+        ctx = TrainerContext(
+            backend=chosen, runtime=chosen.resolve_runtime(probe), inputs=merged, local=local, shared_root=shared_root, key=key,
+            workspace_path=workspace_path, output_model=output_model, dataset=dataset, model=model,
+        )
+        merged.update(trainer.configure(ctx))
     artifacts = {"dataset": _artifact_path(dataset), "model": _artifact_path(model)}
     plan = plan_paths(
         merged,
@@ -164,6 +231,8 @@ def run_train_job(
         shared_artifacts={n: p for n, a in (("dataset", dataset), ("model", model)) if (p := _shared_copy(a, shared_root))},
     )
     merged.update(plan.values)
+    if trainer is not None and ctx is not None:
+        merged.update(trainer.finalize(ctx, dict(plan.paths)))
     parsed = TrainJobInputs.parse(**merged)
 
     def submitted(ref: Any) -> None:
@@ -187,6 +256,8 @@ def run_train_job(
             log(f"{dst} was staged by an earlier try; using it")
     if plan.stage_out:
         shared_dir(plan.stage_out[0])
+    if trainer is not None and ctx is not None:
+        trainer.before_launch(ctx)
     Path(output_model.path).mkdir(parents=True, exist_ok=True)
     outcome = launcher.run(parsed)
     submitted(outcome.ref)
@@ -194,6 +265,8 @@ def run_train_job(
     if plan.stage_out:
         log(f"copying the trained model {plan.stage_out[0]} -> output artifact")
         copy_dir(plan.stage_out[0], plan.stage_out[1])
+    if trainer is not None and ctx is not None:
+        trainer.collect(ctx, outcome)
     files, _ = dir_stats(output_model.path)
     if "output_model" in plan.used and files == 0:
         raise UserError(
@@ -202,16 +275,15 @@ def run_train_job(
         )
 
     base_model = (getattr(model, "metadata", None) or {}).get("source_uri") if model is not None else None
-    output_model.metadata.update(
-        model_metadata(
-            output_model.path,
-            base_model=base_model or parsed.model_uri or None,
-            trainjob=str(outcome.ref),
-            runtime=outcome.runtime,
-            trainer_api=outcome.api_version,
-            workspace_path=plan.paths.get("output_model") if plan.stage_out else None,
-        )
-    )
+    known = {
+        "base_model": base_model or parsed.model_uri or None,
+        "trainjob": str(outcome.ref),
+        "runtime": outcome.runtime,
+        "trainer_api": outcome.api_version,
+        "workspace_path": plan.paths.get("output_model") if plan.stage_out else None,
+        **(ctx.metadata if ctx is not None else {}),
+    }
+    output_model.metadata.update(model_metadata(output_model.path, **known))
     if files == 0:
         output_model.metadata["empty"] = True
     final, best = outcome.metrics.final(), outcome.metrics.best()
@@ -223,10 +295,15 @@ def run_train_job(
             metrics.log_metric(f"best_{name}", float(value))
     for state, seconds in outcome.times.items():  # where the step's time went: queued, starting, running
         metrics.log_metric(f"{state}_seconds", round(float(seconds), 1))
-    data = outcome_data(outcome, backend="local" if local else "kubernetes", extra={
+    rows = {
         "output model": f"{output_model.metadata.get('weights')} weights, {output_model.metadata.get('format')}, {files} files",
         "base model": base_model or parsed.model_uri or "",
-    })
+        **(ctx.report if ctx is not None else {}),
+    }
+    resumed = output_model.metadata.get("resumed_from_step")
+    if resumed and "resumed" not in rows:  # our trainers record the checkpoint a retried job continued from
+        rows["resumed"] = f"from the checkpoint at step {resumed} of an earlier try"
+    data = outcome_data(outcome, backend="local" if local else "kubernetes", extra=rows)
     Path(report.path).parent.mkdir(parents=True, exist_ok=True)
     Path(report.path).write_text(render_html(data), encoding="utf-8")
     return outcome

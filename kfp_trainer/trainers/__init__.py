@@ -4,6 +4,7 @@
 * :mod:`kfp_trainer.trainers.sft`: supervised fine-tuning of a causal LM (DDP).
 * :mod:`kfp_trainer.trainers.evaluate`: loss, perplexity and exact match.
 * :mod:`kfp_trainer.trainers.allreduce`: distributed smoke test.
+* :mod:`kfp_trainer.trainers.checkpointing`: checkpoints in the output dir, and resuming from them.
 
 Importing this package (or any of its modules) loads only the standard library;
 torch and transformers are imported when a program runs.

@@ -9,6 +9,9 @@ access, so pipelines can run end to end on a machine without internet:
 * ``builtin://models/tiny-char-lm``: a small randomly initialised Llama-style
   causal LM with a character-level tokenizer, saved as a regular Hugging Face
   model directory.
+* ``builtin://datasets/instruct-sums`` and ``builtin://models/tiny-qwen2.5``,
+  ``tiny-llama3.2-1b``, ``tiny-llama3.2-3b``: an instruct dataset and tiny models of
+  the Trainer's torchtune runtimes' architectures (:mod:`kfp_trainer.llm.tiny_models`).
 
 Usage::
 
@@ -165,6 +168,23 @@ def _write_tiny_char_lm(dest: Path) -> None:
     save_tokenizer(tokenizer, dest)
 
 
+def _tiny_torchtune_model(model_key: str) -> Callable[[Path], None]:
+    def write(dest: Path) -> None:
+        from kfp_trainer.llm import tiny_models
+
+        tiny_models.write_builtin_model(dest, model_key)
+
+    return write
+
+
+def _write_instruct_sums(dest: Path) -> None:
+    from kfp_trainer.llm import tiny_models
+
+    tiny_models.write_builtin_dataset(dest)
+
+
+_TORCHTUNE_MODELS = (("tiny-qwen2.5", "qwen2_5/1.5B"), ("tiny-llama3.2-1b", "llama3_2/1B"), ("tiny-llama3.2-3b", "llama3_2/3B"))
+
 _REGISTRY: dict[tuple[str, str], _Builtin] = {
     (b.kind, b.name): b
     for b in (
@@ -179,6 +199,22 @@ _REGISTRY: dict[tuple[str, str], _Builtin] = {
             "tiny-char-lm",
             "randomly initialised 4-layer Llama-style causal LM (~0.45M params), character tokenizer",
             _write_tiny_char_lm,
+        ),
+        _Builtin(
+            "datasets",
+            "instruct-sums",
+            "64 instructions 'What is a+b?' with their sums, as parquet in data/ (what the torchtune runtimes read)",
+            _write_instruct_sums,
+        ),
+        *(
+            _Builtin(
+                "models",
+                name,
+                f"randomly initialised 2-layer model of the {key} architecture (torchtune builders, HF safetensors,"
+                " the runtime's tokenizer files): what the Trainer's torchtune runtimes train in local mode",
+                _tiny_torchtune_model(key),
+            )
+            for name, key in _TORCHTUNE_MODELS
         ),
     )
 }

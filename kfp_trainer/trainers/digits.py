@@ -5,7 +5,8 @@ grey images of the digits 0-9) that ships inside the scikit-learn package, so it
 available offline. ``prepare`` splits it into train / validation / test; ``train`` fits a
 one-hidden-layer MLP on every process of a ``torchrun`` job (each rank a shard of every
 epoch, gradients all-reduced), prints one JSON line of metrics per epoch on rank 0, and
-saves the model there.
+saves the model there. Rank 0 checkpoints every epoch in the output dir; a retried or
+restarted job resumes after the last checkpointed epoch (:mod:`.checkpointing`).
 
     python -m kfp_trainer.trainers.digits prepare --output-dir DATA
     torchrun --nnodes 2 --nproc-per-node 1 -m kfp_trainer.trainers.digits train \
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..llm.progress import ProgressReporter
+from . import checkpointing
 from ._common import dist_env, emit, threads_per_process
 
 CLASSES = list(range(10))
@@ -151,9 +153,23 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(x_train.shape[1], args.hidden, len(CLASSES))
     ddp = DistributedDataParallel(model) if distributed else model
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.learning_rate, momentum=0.9)
-    started, steps, summary = time.monotonic(), 0, {}
+    started, steps, summary, first = time.monotonic(), 0, {}, 1
     reporter = ProgressReporter()  # to the Trainer's status server (TrainJobStatus gate), rank 0 only; else a no-op
-    for epoch in range(1, args.epochs + 1):
+    # A checkpoint an earlier try left in the output dir, saved with the same settings: go on after its epoch.
+    meta = {"world_size": env.world_size, **{k: getattr(args, k) for k in HYPERPARAMETERS}}
+    if args.checkpoint:
+        found, state = checkpointing.resume(args.output_dir, meta)
+        if found is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            first, steps, summary = state["epoch"] + 1, state["steps"], state["summary"]
+            started -= state["elapsed"]
+            if env.is_main:
+                print(f"digits: resuming after epoch {state['epoch']} ({found.path})", file=sys.stderr, flush=True)
+        elif state and env.is_main:
+            print(f"digits: {state}", file=sys.stderr, flush=True)
+    resumed_from = steps
+    for epoch in range(first, args.epochs + 1):
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(args.seed + epoch))
         shard = order[env.rank :: env.world_size]
         total, count = torch.zeros(2), 0
@@ -176,9 +192,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if env.is_main:
             emit(summary)
             reporter.report_step(epoch, args.epochs, summary)
+            if args.checkpoint and epoch < args.epochs:
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "steps": steps,
+                         "summary": summary, "elapsed": time.monotonic() - started}  # fmt: skip
+                checkpointing.save(args.output_dir, steps, state, meta)
     summary.update({"world_size": env.world_size, "steps": steps, "train_runtime": round(time.monotonic() - started, 2)})
+    if resumed_from:
+        summary["resumed_from_step"] = resumed_from
     if env.is_main:
         save(model, args, summary)
+        checkpointing.clear(args.output_dir)
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
@@ -198,6 +221,7 @@ def save(model: Any, args: argparse.Namespace, summary: dict[str, Any]) -> None:
         "weights": "full", "format": "safetensors", "method": "ddp", "dataset": str(args.dataset_dir),
         "steps": summary["steps"], "world_size": summary["world_size"], "train_loss": summary["loss"],
         "val_accuracy": summary["val_accuracy"], "train_runtime": summary["train_runtime"],
+        **({"resumed_from_step": summary["resumed_from_step"]} if summary.get("resumed_from_step") else {}),
         "hyperparameters": {
             "learning_rate": args.learning_rate, "hidden": args.hidden, "epochs": args.epochs,
             "batch_size": args.batch_size, "seed": args.seed,
@@ -223,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--hidden", type=int, default=64)
     fit.add_argument("--batch-size", type=int, default=32)
     fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument(
+        "--no-checkpoint", dest="checkpoint", action="store_false",
+        help="do not checkpoint each epoch in the output dir (nor resume from a checkpoint found there)",
+    )
     fit.add_argument(
         "--hyperparameters", metavar="JSON", default="",
         help='values overriding the options above, as name=value,... or a JSON object, e.g. learning_rate=0.05,hidden=32',

@@ -13,6 +13,11 @@ fields; the loss is computed on the completion tokens (and EOS) only. Each
 rank trains on its own shard of every epoch's shuffle, gradients are averaged
 with DistributedDataParallel (gloo on CPU, nccl on CUDA).
 
+Every ``--checkpoint-steps`` steps rank 0 saves a checkpoint in the output directory
+(:mod:`kfp_trainer.trainers.checkpointing`); a run that finds one saved with the same settings
+(a retried or restarted TrainJob) continues from it and records ``resumed_from_step`` in
+``training_info.json``.
+
 Rank 0 prints JSON lines to stdout: one per logging interval, e.g.
 ``{"step": 20, "epoch": 0.4, "loss": 1.23, "learning_rate": 0.001}``, and a
 final summary with ``train_loss``, ``train_runtime``, ``train_steps`` and
@@ -30,24 +35,24 @@ import argparse
 import json
 import math
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from kfp_trainer.llm.progress import ProgressReporter
+from kfp_trainer.trainers import checkpointing
 from kfp_trainer.trainers._common import (
-    DistEnv,
     collate,
+    cpu_threads,
     dist_env,
     emit,
     encode_examples,
     find_split,
     load_tokenizer,
+    processes_on_this_host,
     read_jsonl,
     save_tokenizer,
-    threads_per_process,
 )
 
 DEFAULT_MAX_STEPS = 2500
@@ -56,10 +61,9 @@ DEFAULT_BATCH_SIZE = 16
 DEFAULT_WARMUP_STEPS = 50
 DEFAULT_LOGGING_STEPS = 50
 DEFAULT_SEED = 42
+DEFAULT_CHECKPOINT_STEPS = 100
 # Ranks agree on the elapsed time (for the time budget) every this many steps.
 TIME_SYNC_STEPS = 10
-# Below this many parameters a CPU process trains fastest on one thread.
-SMALL_MODEL_PARAMS = 5_000_000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU threads per process (default: usable CPUs divided by the processes on this machine; 1 for models under 5M parameters)",
     )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for shuffling and initialisation")
+    p.add_argument(
+        "--checkpoint-steps",
+        type=int,
+        default=DEFAULT_CHECKPOINT_STEPS,
+        help="save a checkpoint in the output dir every N steps, and resume from one found there (default %(default)s; 0: never)",
+    )
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (needs the peft package) instead of all weights")
     p.add_argument("--lora-rank", type=int, default=8, help="LoRA rank (default %(default)s)")
     p.add_argument("--lora-alpha", type=int, default=16, help="LoRA alpha (default %(default)s)")
@@ -144,50 +154,6 @@ def _wrap_lora(model: Any, args: argparse.Namespace) -> Any:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
-
-
-def processes_on_this_host(env: DistEnv) -> int:
-    """Counts the training processes that share this machine.
-
-    Usually ``LOCAL_WORLD_SIZE``, but several single-process "nodes" may run on
-    one machine (local mode), so ranks compare host names when a process group
-    is up.
-
-    Args:
-        env: Placement of this process.
-
-    Returns:
-        The number of ranks on this host, at least ``env.local_world_size``.
-    """
-    import torch.distributed as dist
-
-    if env.world_size <= 1 or not dist.is_initialized():
-        return env.local_world_size
-    hosts: list[Any] = [None] * env.world_size
-    dist.all_gather_object(hosts, socket.gethostname())
-    return max(env.local_world_size, hosts.count(socket.gethostname()))
-
-
-def cpu_threads(requested: int | None, host_processes: int, n_params: int) -> int:
-    """Chooses the intra-op CPU threads of one training process.
-
-    The usable CPUs are shared among the ranks on this machine. Models below
-    :data:`SMALL_MODEL_PARAMS` get one thread: their matrices are too small for
-    several threads to pay for their synchronisation (measured on the tiny
-    builtin model: 1 thread ran about twice as fast as 2 on 2 cores).
-
-    Args:
-        requested: Threads asked for on the command line, if any.
-        host_processes: Training processes on this machine.
-        n_params: Parameters of the model.
-
-    Returns:
-        The number of threads, at least 1.
-    """
-    if requested:
-        return max(1, requested)
-    share = threads_per_process(host_processes)
-    return 1 if n_params < SMALL_MODEL_PARAMS else share
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -287,17 +253,30 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
+    # A checkpoint an earlier try left in the output dir, saved with the same settings: go on from it.
+    meta = {"world_size": env.world_size, "batch_size": batch_size, "examples": len(examples), "max_steps": args.max_steps,
+            "learning_rate": args.learning_rate, "seed": args.seed, "lora": args.lora}  # fmt: skip
+    start_step, resumed_elapsed, loss_sum_total = 0, 0.0, 0.0
+    if args.checkpoint_steps > 0:
+        found, state = checkpointing.resume(args.output_dir, meta)
+        if found is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start_step, resumed_elapsed, loss_sum_total = state["step"], state["elapsed"], state["loss_sum_total"]
+            log(f"resuming from the checkpoint at step {start_step} ({found.path})")
+        elif state:
+            log(str(state))
+
     budget = args.time_budget_seconds
     reporter = ProgressReporter()  # to the Trainer's status server (TrainJobStatus gate), rank 0 only; else a no-op
-    elapsed = 0.0
-    step = 0
-    loss_sum_total = 0.0
+    elapsed = resumed_elapsed
+    step = start_step
     loss_sum_interval = 0.0
     interval_steps = 0
     lr = 0.0
     stopped_by = "max_steps"
-    start = time.perf_counter()
-    epoch = 0
+    start = time.perf_counter() - resumed_elapsed
+    epoch, skip = divmod(start_step, steps_per_epoch)
     done = False
     while not done:
         # Same permutation on every rank; each takes every world_size-th index.
@@ -305,7 +284,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         order = torch.randperm(len(examples), generator=generator).tolist()
         shard = order[env.rank :: env.world_size][: steps_per_epoch * batch_size]
         epoch += 1
-        for batch_start in range(0, len(shard), batch_size):
+        for batch_start in range(skip * batch_size, len(shard), batch_size):
             if step % TIME_SYNC_STEPS == 0:
                 elapsed = synced_elapsed(start)
             if step >= args.max_steps:
@@ -353,6 +332,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                         reporter.report_fraction(done, {"loss": round(mean_loss, 6), "learning_rate": f"{lr:.6g}"})
                 loss_sum_interval = 0.0
                 interval_steps = 0
+            if args.checkpoint_steps > 0 and step % args.checkpoint_steps == 0 and step < args.max_steps and env.is_main:
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                         "elapsed": time.perf_counter() - start, "loss_sum_total": loss_sum_total}  # fmt: skip
+                checkpointing.save(args.output_dir, step, state, meta)
+        skip = 0
     runtime = time.perf_counter() - start
 
     (train_loss,) = reduce_mean([loss_sum_total / step if step else float("nan")])
@@ -370,7 +354,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if env.is_main:
         emit(summary)
         reporter.report_fraction(1.0, {k: summary[k] for k in ("train_loss", "train_steps", "train_runtime")})
-        save(model, tokenizer, args, summary, trainable_params=n_trainable)
+        save(model, tokenizer, args, summary, trainable_params=n_trainable, resumed_from_step=start_step)
+        checkpointing.clear(args.output_dir)
         log(f"saved to {args.output_dir}")
     if distributed:
         dist.barrier()
@@ -378,7 +363,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-def save(model: Any, tokenizer: Any, args: argparse.Namespace, summary: dict[str, Any], trainable_params: int) -> None:
+def save(
+    model: Any, tokenizer: Any, args: argparse.Namespace, summary: dict[str, Any], trainable_params: int, resumed_from_step: int = 0
+) -> None:
     """Saves the trained model, its tokenizer and ``training_info.json``.
 
     Args:
@@ -387,6 +374,7 @@ def save(model: Any, tokenizer: Any, args: argparse.Namespace, summary: dict[str
         args: The command line arguments of the run.
         summary: The final training summary.
         trainable_params: Number of trained parameters.
+        resumed_from_step: The checkpoint's step this run continued from (0: none).
     """
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -405,6 +393,7 @@ def save(model: Any, tokenizer: Any, args: argparse.Namespace, summary: dict[str
         "train_runtime": summary["train_runtime"],
         "stopped_by": summary["stopped_by"],
         "trainable_params": trainable_params,
+        **({"resumed_from_step": resumed_from_step} if resumed_from_step else {}),
         "hyperparameters": {
             "learning_rate": args.learning_rate,
             "batch_size": summary["batch_size"],

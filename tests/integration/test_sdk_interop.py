@@ -114,7 +114,7 @@ CUSTOM_CASES = {
             "pip_index_urls": ["https://pypi.org/simple", "https://download.pytorch.org/whl/cpu"],
             "image": "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime",
         },
-        # no initializer: the Trainer webhook refuses one on a runtime without initializer jobs
+        # no initializer: the Trainer v2.3 webhook refuses a dataset for a runtime without a dataset-initializer job
     },
     "mpi_function": {"runtime": "deepspeed-distributed", "func": "train_classifier", "trainer": {"packages_to_install": ["deepspeed"]}},
     "python_function": {"runtime": "jax-distributed", "func": "train_classifier", "trainer": {"func_args": {"lr": 0.1}}},
@@ -338,3 +338,59 @@ def test_progress_reports_are_stored_like_the_sdks(api_client, cluster, namespac
             "metrics": [{"name": "loss", "value": "0.4321"}, {"name": "accuracy", "value": "0.9"}, {"name": "step", "value": "120"}],
         }
     )
+
+
+def test_the_finetune_components_trainjob_is_the_sdks_plus_the_output_mount(api_client, cluster, namespace, sdk_python, llama70b_runtime):
+    """What the torchtune_finetune step creates for each case: the SDK's spec, plus one runtime patch of ours."""
+    from types import SimpleNamespace
+
+    from kfp_trainer.spec import TrainJobInputs
+    from kfp_trainer.spec import render as render_trainjob
+    from kfp_trainer.steps.finetune import TorchTuneFinetune
+    from kfp_trainer.steps.train_job import TrainerContext
+
+    cases = [{"id": cid, "kind": "builtin", **case} for cid, case in BUILTIN_CASES.items()]
+    sdk_names = _sdk_create(sdk_python, cluster.kubeconfig, namespace, cases)
+    workspace = {"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": "run-kfp-workspace"}}
+    for cid, case in BUILTIN_CASES.items():
+        sources = {}
+        for kind in ("dataset", "model"):
+            source = dict(case.get(kind) or {})
+            if source:
+                sources[f"{kind}_uri"] = source.pop("storage_uri")
+                sources[f"{kind}_options"] = source or None
+        step = TorchTuneFinetune(inputs.parse(inputs.TorchTuneSettings, **case["config"]), **sources)
+        ctx = TrainerContext(
+            backend=None, runtime=SimpleNamespace(document=_runtime(api_client, case["runtime"])),
+            inputs={"volumes": [workspace], "volume_mounts": [{"name": "kfp-workspace", "mountPath": "/kfp-workspace"}]},
+            local=False, shared_root="/kfp-workspace", key=f"step-{cid}", workspace_path="/kfp-workspace",
+            output_model=SimpleNamespace(path="/tmp/unused"),
+        )  # fmt: skip
+        ours = f"step-{cid.replace('_', '-')}"
+        given = {**ctx.inputs, **step.configure(ctx), "name": ours, "run_id": "run", "task_name": "finetune", "namespace": namespace}
+        manifest = render_trainjob(TrainJobInputs.parse(**given), runtime_jobs=["dataset-initializer", "model-initializer", "node"])
+        client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "trainjobs", manifest, field_validation="Strict"
+        )
+        stored, theirs = _stored(api_client, namespace, ours), _stored(api_client, namespace, sdk_names[cid])
+        patches = stored["spec"].pop("runtimePatches")
+        assert [p["manager"] for p in patches] == ["kfp-trainer.kubeflow.org/launcher"]
+        node = patches[0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        assert node["containers"][0]["volumeMounts"][-1]["mountPath"] == "/workspace/output"
+        if theirs["spec"]["trainer"].get("args") == []:  # the SDK writes no overrides as [], the step as nothing: the same to the Trainer
+            stored["spec"]["trainer"].setdefault("args", [])
+        diffs = _differences(_quantities_as_text(stored["spec"]), _quantities_as_text(theirs["spec"]), ".spec")
+        assert not diffs, f"case {cid}: the step's TrainJob differs from the SDK's:\n" + "\n".join(diffs)
+
+
+def _quantities_as_text(spec: dict) -> dict:
+    """``resourcesPerNode`` quantities as strings.
+
+    The Trainer's webhook stores the quantities of a TrainJob that has runtimePatches as strings
+    (``1`` becomes ``'1'``; seen here): the same quantity, written another way.
+    """
+    out = copy.deepcopy(spec)
+    for section in ((out.get("trainer") or {}).get("resourcesPerNode") or {}).values():
+        for name, value in section.items():
+            section[name] = str(value)
+    return out

@@ -208,3 +208,38 @@ def test_llm_finetune_gate_that_fails_leaves_no_approved_model(tmp_path):
     assert outputs["evaluate-model-2"]["parameterValues"]["Output"] is False
     assert "train-job" in outputs and "promote-model" not in outputs
     assert not list((tmp_path / "run" / "artifacts").glob("*/promote-model"))
+
+
+@pytest.mark.slow
+def test_llm_finetune_torchtune_runs_the_runtimes_own_tune_command_and_the_held_out_loss_falls(tmp_path):
+    pytest.importorskip("torchtune", reason="the [llm] extra (torchtune) is not installed")
+    outputs = run_pipeline("llm_finetune_torchtune", tmp_path / "run", eval_examples=24)
+    base, tuned = metric_values(outputs, "evaluate-model"), metric_values(outputs, "evaluate-model-2")
+    assert tuned["loss"] < base["loss"] - 0.5 and outputs["evaluate-model-2"]["parameterValues"]["Output"] is True
+    model = artifact(outputs, "torchtune-finetune", "output_model")
+    meta = model["metadata"]
+    assert (meta["recipe"], meta["config"], meta["weights"], meta["format"]) == (
+        "full_finetune_distributed", "qwen2_5/1.5B_full", "full", "safetensors",
+    )
+    assert meta["base_model"] == "builtin://models/tiny-qwen2.5" and meta["runtime"] == "ClusterTrainingRuntime/torchtune-qwen2.5-1.5b"
+    files = {p.name for p in Path(model["uri"]).iterdir()}
+    assert {"model-00001-of-00001.safetensors", "config.json", "vocab.json", "merges.txt", "torchtune_config.yaml"} <= files
+    # The TrainJob the local backend ran: the SDK's BuiltinTrainer shape, the runtime's own initializers.
+    [job_file] = (tmp_path / "run" / "trainjobs").glob("*/*/trainjob.json")
+    job = json.loads(job_file.read_text())
+    assert job["metadata"]["name"] == meta["trainjob"].split("/")[1]
+    spec = job["spec"]
+    assert spec["trainer"]["command"] == ["tune", "run"]
+    assert spec["trainer"]["args"] == [
+        "batch_size=4", "epochs=1", "dataset.data_dir=/workspace/dataset/data", "dataset=torchtune.datasets.instruct_dataset",
+        "dataset.source=parquet", "optimizer.lr=0.003", "seed=7",
+    ]
+    assert spec["initializer"]["dataset"]["storageUri"] == "builtin://datasets/instruct-sums"
+    assert spec["initializer"]["model"]["storageUri"] == "builtin://models/tiny-qwen2.5"
+    command = (job_file.parent / "logs" / "node-0.command").read_text()  # what the local node ran
+    assert "run --rdzv_endpoint=127.0.0.1:" in command and "full_finetune_distributed --config qwen2_5/1.5B_full" in command
+    assert "mounted /workspace/output -> " + model["uri"] + ".torchtune-output" in (job_file.parent / "logs" / "node-0.log").read_text()
+    logged = set(metric_values(outputs, "torchtune-finetune"))  # torchtune's per-step log only (no settings)
+    assert {"loss", "learning_rate"} <= logged <= {"loss", "best_loss", "learning_rate", "tokens_per_second_per_gpu"}, logged
+    assert metric_values(outputs, "torchtune-finetune")["loss"] < base["loss"]  # the loss torchtune logged, per step
+    assert_report_renders_with_its_plot(Path(artifact(outputs, "torchtune-finetune", "report")["uri"]), tmp_path)

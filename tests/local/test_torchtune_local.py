@@ -9,10 +9,13 @@ CPU ones, and (resume tests) a fixed ``seed`` and ``epochs`` so two runs can be 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -240,3 +243,41 @@ def test_a_lora_fine_tune_killed_mid_epoch_resumes_from_its_adapter_with_identic
     assert min(resumed.losses) == (2, 3) and resumed.losses[(2, 3)] == first.losses[(2, 3)], (first.losses, resumed.losses)
     assert (ws / "output" / "epoch_1" / "adapter_model.pt").is_file()
     print(f"lora resume: killed run {first.seconds:.1f} s, resumed run {resumed.seconds:.1f} s")
+
+
+def test_a_cancelled_local_torchtune_job_leaves_no_rank_running(tmp_path):
+    """SIGTERM to ``kfp-trainer launch --local`` mid-epoch: exit 130, and every process of the node is gone.
+
+    torchrun starts each rank in a session of its own: stopping the node's process group would
+    leave the ranks training.
+    """
+    from kfp_trainer.backends.procs import descendants, pid_alive
+
+    root = tmp_path / "jobs"
+    cli = str(Path(sys.executable).with_name("kfp-trainer"))
+    args = [cli, "launch", "--local", "--runtime", "torchtune-qwen2.5-1.5b", "--run-id", "cancel", "--task-name", "tune",
+            "--command", "tune,run", "--args", "epochs=3,dataset=torchtune.datasets.instruct_dataset,dataset.source=parquet,"
+            "dataset.data_dir=/workspace/dataset/data", "--dataset-uri", "builtin://datasets/instruct-sums",
+            "--model-uri", "builtin://models/tiny-qwen2.5"]  # fmt: skip
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KFP_TRAINER_")}, "KFP_TRAINER_LOCAL_ROOT": str(root)}
+    launcher = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and launcher.poll() is None:
+            logs = list(root.glob("local/*/logs/node-0.log"))
+            if logs and "Loss:" in logs[0].read_text(errors="replace"):
+                status = json.loads((logs[0].parent.parent / "trainjob.json").read_text())["status"]
+                for pid, _ in status["processes"]:
+                    seen.update([pid, *descendants(pid)])
+                break
+            time.sleep(0.2)
+        assert len(seen) >= 3, f"no training node with ranks seen: {seen}"  # tune launcher + 2 ranks
+        launcher.send_signal(signal.SIGTERM)
+        out, _ = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130, out.decode(errors="replace")[-3000:]
+    assert [pid for pid in seen if pid_alive(pid)] == []
+    assert list(root.glob("local/*")) == []  # the job is deleted

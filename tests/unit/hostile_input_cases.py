@@ -56,6 +56,7 @@ INPUT_CASES: list[Case] = [
     Case("command-too-many", {"command": ["x"] * 129}, "command"),
     Case("command-not-strings", {"command": ["python", {"a": 1}]}, "command"),
     Case("args-token-after-flag", {"args": ["--hf-token", HF]}, "args[1]"),
+    Case("resume-args-token-after-flag", {"resume_args": ["--hf-token", HF]}, "resume_args[1]", layers=("render", "launcher")),
     Case("args-password-assignment", {"args": [f"--password={PLAIN}"]}, "args[0]"),
     Case("args-api-key-after-flag", {"args": ["--api-key", PLAIN]}, "args[1]"),
     Case("args-env-assignment", {"args": ["env", f"HF_TOKEN={PLAIN}", "python", "t.py"]}, "args[1]"),
