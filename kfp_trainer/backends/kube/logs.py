@@ -44,40 +44,50 @@ from .watch import lines, shutdown
 log = logging.getLogger(__name__)
 CONTAINER = "node"
 Timestamp = tuple[int, int]  # (seconds since epoch, nanoseconds)
-_DIGITS = frozenset(b"0123456789")
-_minutes: dict[bytes, int] = {}
+_seconds: dict[bytes, int] = {}  # "YYYY-MM-DDTHH:MM:SS" -> seconds since the epoch
 
 
 def parse_timestamp(text: str | bytes) -> Timestamp | None:
     """``2026-01-02T03:04:05.123Z`` (UTC) -> (epoch seconds, nanoseconds); None if not a timestamp.
+
+    Runs once per relayed line: the date and time of day are parsed once per second of log.
 
     Example:
         >>> parse_timestamp("1970-01-02T00:00:01.5Z")
         (86401, 500000000)
     """
     raw = text.encode() if isinstance(text, str) else text
-    if len(raw) < 20 or raw[-1:] != b"Z" or raw[4:5] != b"-" or raw[10:11] != b"T" or raw[13:14] != b":" or raw[16:17] != b":":
+    if len(raw) < 20 or raw[-1:] != b"Z":
         return None
-    minute = raw[:16]
-    base = _minutes.get(minute)
+    whole = raw[:19]
+    base = _seconds.get(whole)
     if base is None:
-        try:
-            fields = (raw[0:4], raw[5:7], raw[8:10], raw[11:13], raw[14:16])
-            if not all(f and set(f) <= _DIGITS for f in fields):
-                return None
-            year, month, day, hour, mins = (int(f) for f in fields)
-            if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and mins < 60):
-                return None
-            base = calendar.timegm((year, month, day, hour, mins, 0, 0, 0, 0))
-        except ValueError:
+        base = _second(whole)
+        if base is None:
             return None
-        if len(_minutes) > 4096:
-            _minutes.clear()
-        _minutes[minute] = base
-    seconds, fraction = raw[17:19], raw[20:-1] if raw[19:20] == b"." else b""
-    if not (set(seconds) <= _DIGITS and set(fraction) <= _DIGITS) or raw[19:20] not in (b".", b"Z"):
+    if len(raw) == 20:
+        return base, 0
+    fraction = raw[20:-1]
+    if raw[19:20] != b"." or not (fraction.isdigit() or not fraction):
         return None
-    return base + int(seconds), int(fraction[:9].ljust(9, b"0")) if fraction else 0
+    return base, int(fraction[:9].ljust(9, b"0")) if fraction else 0
+
+
+def _second(whole: bytes) -> int | None:
+    """Seconds since the epoch of ``YYYY-MM-DDTHH:MM:SS`` (UTC); None when it is not that."""
+    if whole[4:5] != b"-" or whole[7:8] != b"-" or whole[10:11] != b"T" or whole[13:14] != b":" or whole[16:17] != b":":
+        return None
+    fields = (whole[0:4], whole[5:7], whole[8:10], whole[11:13], whole[14:16], whole[17:19])
+    if not all(f.isdigit() for f in fields):
+        return None
+    year, month, day, hour, minute, second = (int(f) for f in fields)
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60):
+        return None
+    value = calendar.timegm((year, month, day, hour, minute, 0, 0, 0, 0)) + second
+    if len(_seconds) > 4096:
+        _seconds.clear()
+    _seconds[whole] = value
+    return value
 
 
 def format_since(ts: Timestamp) -> str:

@@ -79,12 +79,15 @@ def list_objects(api: ApiClient, path: str, selectors: list[tuple[str, str]], *,
 
 
 def lines(response: Any) -> Iterator[bytes]:
-    """The non-empty lines of a streamed body, as they arrive."""
+    """The non-empty lines of a streamed body, as they arrive (each chunk is split once)."""
     buffer = b""
     for chunk in response.stream(amt=None, decode_content=True):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
+        if b"\n" not in chunk:
+            buffer += chunk
+            continue
+        parts = (buffer + chunk).split(b"\n")
+        buffer = parts.pop()
+        for line in parts:
             if line.strip():
                 yield line
     if buffer.strip():
