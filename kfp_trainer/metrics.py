@@ -28,7 +28,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 POSITION_KEYS = ("step", "global_step", "epoch")
 _KATIB = re.compile(r"(?<![\w.-])([A-Za-z][\w./-]*)\s*=\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
@@ -39,9 +39,8 @@ _SKIP_KEYS = frozenset({"rank", "local_rank", "node_rank", "world_size", "pid", 
 _NOT_A_SCORE = re.compile(r"(learning_rate|^lr$|runtime|per_second|grad_norm|epoch|steps?$|batch_size)")
 
 
-@dataclass(frozen=True)
-class MetricPoint:
-    """One value of one metric at one position of training."""
+class MetricPoint(NamedTuple):
+    """One value of one metric at one position of training (a named tuple: cheap to make per log line)."""
 
     name: str
     value: float
@@ -63,7 +62,7 @@ def _from_mapping(data: dict[str, Any]) -> list[MetricPoint]:
     for key, raw in data.items():
         if key in _POSITIONS or key in _SKIP_KEYS:  # keys of a printed dict need not be strings
             continue
-        value = _numeric(raw)
+        value = raw if type(raw) is float and math.isfinite(raw) else _numeric(raw)
         if value is not None:
             points.append(MetricPoint(str(key), value, step, epoch))
     return points
