@@ -125,6 +125,8 @@ class _Printer:
             time.sleep(FLUSH_DELAY)  # let a burst gather: one flush for all of it
             self._unflushed.clear()
             with self.lock:
+                if self._closed:  # close() flushed
+                    return
                 self.out.flush()
 
     def close(self) -> None:
