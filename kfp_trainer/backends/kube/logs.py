@@ -133,6 +133,14 @@ def _instance(pod: dict[str, Any]) -> tuple[str, int]:
     return pod["metadata"]["uid"], int(container_status(pod).get("restartCount") or 0)
 
 
+def _terminated(pod: dict[str, Any] | None, instance: tuple[str, int]) -> bool:
+    """Whether that container instance has exited (its log is complete) or its pod is gone."""
+    if pod is None or pod["metadata"]["uid"] != instance[0]:
+        return True
+    status = container_status(pod)
+    return int(status.get("restartCount") or 0) == instance[1] and "terminated" in (status.get("state") or {})
+
+
 def _instance_over(pod: dict[str, Any] | None, instance: tuple[str, int]) -> bool:
     """Whether the pod watch shows that container instance ended (stopped, restarted, pod gone)."""
     if pod is None or pod["metadata"]["uid"] != instance[0]:
@@ -183,6 +191,7 @@ class NodeLogFollower:
         self.done: set[tuple[str, int]] = set()  # container instances read to their end
         self.lines = 0
         self._response: Any = None
+        self._cut = threading.Event()  # the follow stream was cut: its container terminated
 
     def interrupt(self) -> None:
         """Unblock a follow read in progress (called from another thread once ``stop`` is set)."""
@@ -228,6 +237,8 @@ class NodeLogFollower:
         seen_at: dict[Timestamp, int] = {}
         if follow:
             self._response = response
+            if self._cut.is_set():  # cut while the request was on its way
+                shutdown(response)
         try:
             for raw in lines(response):
                 text = raw.rstrip(b"\r")
@@ -275,16 +286,41 @@ class NodeLogFollower:
             if self._safe_read(name, cursor, follow=False):
                 self.done.add(instance)
             return
-        if self._safe_read(name, cursor, follow=True):
+        if self._follow(name, cursor, instance):
             # The server ends a follow stream when the instance stops: wait for the pod watch to say so.
             over = self.pods.wait(
                 lambda pods: True if _instance_over(self._mine(pods), instance) else None, timeout=self.settle, stop=self.stop
             )
             if over or self.stop.is_set():
                 self.done.add(instance)
-        elif self.stop.is_set():
-            if self._safe_read(name, cursor, follow=False):  # interrupted during the drain: the rest from the cursor
+        elif self.stop.is_set() or self._cut.is_set():
+            if self._safe_read(name, cursor, follow=False):  # cut or interrupted: the rest from the cursor
                 self.done.add(instance)
+
+    def _follow(self, name: str, cursor: _Cursor, instance: tuple[str, int]) -> bool:
+        """Follow the instance's log; cut the stream once the pod watch shows the container terminated.
+
+        A server may keep a follow stream open for seconds after its container exited (a
+        kubelet checks the container's state every few seconds); the terminated state means
+        the log is complete, so one read from the cursor gets the rest at once -- before the
+        TrainJob reports its end, which then costs no wait for the log.
+        """
+        self._cut.clear()
+        following = threading.Event()
+
+        def cut_when_terminated() -> None:
+            if self.pods.wait(lambda pods: True if _terminated(self._mine(pods), instance) else None, stop=following):
+                self._cut.set()
+                self.interrupt()
+
+        watcher = threading.Thread(target=cut_when_terminated, name=f"logs-cut-{self.source}", daemon=True)
+        watcher.start()
+        try:
+            return self._safe_read(name, cursor, follow=True)
+        finally:
+            following.set()
+            self.pods.wake()
+            watcher.join(2.0)
 
     def _safe_read(self, pod: str, cursor: _Cursor, *, follow: bool = False, previous: bool = False) -> bool:
         """:meth:`_read`, with interruptions answered by a pause (False); 403 ends the follower."""
@@ -300,7 +336,7 @@ class NodeLogFollower:
                 self.sleep(self.poll)
             return False
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
-            if not self.stop.is_set():
+            if not (self.stop.is_set() or self._cut.is_set()):
                 log.info("%s: log stream of %s interrupted (%s); resuming", self.source, pod, e)
                 self.sleep(min(self.poll, 1.0))
             return False
