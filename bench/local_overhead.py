@@ -11,6 +11,8 @@ medians. Both sides run in this one process' session, interleaved, so machine no
 both alike.
 
     .venv/bin/python bench/local_overhead.py [--rounds 5] [--steps 300]
+
+(``make bench`` runs it too, as one of its figures.)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 WORKLOAD = textwrap.dedent(
     """
@@ -50,30 +53,36 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - start
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=300)
-    args = parser.parse_args()
+def measure(*, rounds: int, steps: int) -> dict[str, Any]:
+    """Wall seconds of each round of both commands, and the ratio of the medians (ours / torchrun)."""
     bin_dir = Path(sys.executable).parent
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "workload.py"
         script.write_text(WORKLOAD)
         env = {**os.environ, "KFP_TRAINER_LOCAL_ROOT": str(Path(tmp) / "jobs"), "OMP_NUM_THREADS": "1"}
-        peer = [str(bin_dir / "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2", str(script), str(args.steps)]
+        peer = [str(bin_dir / "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2", str(script), str(steps)]
         times: dict[str, list[float]] = {"torchrun": [], "kfp-trainer local": []}
-        for i in range(args.rounds):
+        for i in range(rounds):
             ours = [str(bin_dir / "kfp-trainer"), "launch", "--local", "--run-id", f"bench-{i}", "--task-name", "bench",
-                    "--num-proc-per-node", "2", "--command", f"torchrun,{script},{args.steps}", "--delete-after-success"]
+                    "--num-proc-per-node", "2", "--command", f"torchrun,{script},{steps}", "--delete-after-success"]
             times["torchrun"].append(timed(peer, env))
             times["kfp-trainer local"].append(timed(ours, env))
+    ours_s, peer_s = statistics.median(times["kfp-trainer local"]), statistics.median(times["torchrun"])
+    return {"rounds": rounds, "steps": steps, "times": times, "ours_median_s": ours_s, "torchrun_median_s": peer_s,
+            "ratio": ours_s / peer_s, "extra_s": ours_s - peer_s}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    result = measure(rounds=args.rounds, steps=args.steps)
     print(f"workload: 2 processes x {args.steps} DDP steps (gloo, CPU); {args.rounds} interleaved rounds")
     print(f"{'command':<20}{'min s':>8}{'median s':>10}{'max s':>8}")
-    for name, values in times.items():
+    for name, values in result["times"].items():
         print(f"{name:<20}{min(values):>8.2f}{statistics.median(values):>10.2f}{max(values):>8.2f}")
-    ratio = statistics.median(times["kfp-trainer local"]) / statistics.median(times["torchrun"])
-    extra = statistics.median(times["kfp-trainer local"]) - statistics.median(times["torchrun"])
-    print(f"ratio of medians (kfp-trainer local / torchrun): {ratio:.2f}  (+{extra:.2f} s)")
+    print(f"ratio of medians (kfp-trainer local / torchrun): {result['ratio']:.2f}  (+{result['extra_s']:.2f} s)")
     return 0
 
 

@@ -49,6 +49,7 @@ from .timing import PhaseTimes, duration
 from .trainer_status import ProgressLog
 
 log = logging.getLogger(__name__)
+FLUSH_DELAY = 0.02  # seconds a relayed line may wait in the buffer for others to join it
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,12 @@ class Outcome:
 
 
 class _Printer:
-    """Thread-safe sink: prints trainer lines (prefixed when several nodes) and parses metrics."""
+    """Thread-safe sink: prints trainer lines (prefixed when several nodes) and parses metrics.
+
+    Lines are written at once and flushed by a thread of their own at most ``FLUSH_DELAY``
+    seconds later: one write to the pipe per burst, not per line, while a long log is
+    relayed; ``close()`` flushes the rest at once.
+    """
 
     def __init__(self, out: TextIO, metrics: MetricSeries, prefix: bool, on_first: Callable[[], None]) -> None:
         self.out = out
@@ -104,15 +110,44 @@ class _Printer:
         self.on_first = on_first
         self.count = 0
         self.lock = threading.Lock()
+        self._unflushed = threading.Event()
+        self._closed = False
+        self._flusher: threading.Thread | None = None
 
     def __call__(self, line: LogLine) -> None:
         with self.lock:
             if self.count == 0:
                 self.on_first()
+                self._flusher = threading.Thread(target=self._flush_soon, name="trainer-logs-flush", daemon=True)
+                self._flusher.start()
             self.count += 1
             self.out.write(f"[{line.source}] {line.text}\n" if self.prefix else line.text + "\n")
-            self.out.flush()
+            if self._closed:  # a follower still draining after close(): no flushing thread any more
+                self.out.flush()
             self.metrics.feed(line.text)
+        if not self._unflushed.is_set():  # checked after the write: a flush that clears it comes later
+            self._unflushed.set()
+
+    def _flush_soon(self) -> None:
+        while True:
+            self._unflushed.wait()
+            if self._closed:
+                return
+            time.sleep(FLUSH_DELAY)  # let a burst gather: one flush for all of it
+            self._unflushed.clear()
+            with self.lock:
+                if self._closed:  # close() flushed
+                    return
+                self.out.flush()
+
+    def close(self) -> None:
+        """Flush what was printed and stop the flushing thread."""
+        with self.lock:
+            self._closed = True
+            self.out.flush()
+        self._unflushed.set()
+        if self._flusher is not None:
+            self._flusher.join(1.0)
 
 
 @contextlib.contextmanager
@@ -332,6 +367,7 @@ class Launcher:
             if logs_thread is not None:
                 stop.set()  # followers read what is left and return
                 logs_thread.join(min(1.0, options.log_drain_timeout) if failing else options.log_drain_timeout)
+            printer.close()
             outcome.log_lines = printer.count
             outcome.times, outcome.queue, outcome.progress = times.totals(self.clock()), queue, list(progress.history)
         outcome.metrics.extend(from_trainer_status(outcome.status if "trainerStatus" in outcome.status else progress.status()))

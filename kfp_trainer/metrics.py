@@ -28,19 +28,19 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 POSITION_KEYS = ("step", "global_step", "epoch")
 _KATIB = re.compile(r"(?<![\w.-])([A-Za-z][\w./-]*)\s*=\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
 _LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|err|mse|mae|rmse|wer|cer)", re.IGNORECASE)
-_SKIP_KEYS = re.compile(r"^(rank|local_rank|node_rank|world_size|pid|port)$")
+_POSITIONS = frozenset(POSITION_KEYS)
+_SKIP_KEYS = frozenset({"rank", "local_rank", "node_rank", "world_size", "pid", "port"})
 # Settings and throughput, not results: they have a last value but no "best" one.
 _NOT_A_SCORE = re.compile(r"(learning_rate|^lr$|runtime|per_second|grad_norm|epoch|steps?$|batch_size)")
 
 
-@dataclass(frozen=True)
-class MetricPoint:
-    """One value of one metric at one position of training."""
+class MetricPoint(NamedTuple):
+    """One value of one metric at one position of training (a named tuple: cheap to make per log line)."""
 
     name: str
     value: float
@@ -60,9 +60,9 @@ def _from_mapping(data: dict[str, Any]) -> list[MetricPoint]:
     epoch = _numeric(data.get("epoch"))
     points = []
     for key, raw in data.items():
-        if key in POSITION_KEYS or _SKIP_KEYS.match(key):
+        if key in _POSITIONS or key in _SKIP_KEYS:  # keys of a printed dict need not be strings
             continue
-        value = _numeric(raw)
+        value = raw if type(raw) is float and math.isfinite(raw) else _numeric(raw)
         if value is not None:
             points.append(MetricPoint(str(key), value, step, epoch))
     return points
@@ -74,7 +74,11 @@ def parse_line(line: str) -> list[MetricPoint]:
     Example:
         >>> parse_line('{"step": 3, "loss": 1.5}')
         [MetricPoint(name='loss', value=1.5, step=3.0, epoch=None)]
+        >>> parse_line("{0: 'cat', 1: 0.5}")
+        [MetricPoint(name='1', value=0.5, step=None, epoch=None)]
     """
+    if "=" not in line and "{" not in line:  # neither name=value pairs nor a mapping: most lines
+        return []
     text = line.strip()
     start = text.find("{")
     if start != -1 and text.endswith("}"):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import urllib3
+from kubernetes.client.exceptions import ApiException
 
 from kfp_trainer.backends.kube.api import RetryPolicy
 from kfp_trainer.backends.kube.watch import Handle, wait_gone, watch
@@ -117,3 +118,38 @@ def test_wait_gone_only_waits_for_the_objects_it_keeps():
     api = FakeApi([LIST])
     assert wait_gone(api, "/x", [], timeout=30, keep=lambda o: o["metadata"]["uid"] == "another") == []
     assert len(api.requests) == 1
+
+
+def initial_events_end(version: str) -> dict:
+    return {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": version, "annotations": {"k8s.io/initial-events-end": "true"}}}}
+
+
+def test_a_streaming_list_takes_one_request_where_list_and_watch_took_two():
+    other = {"metadata": {"name": "q", "uid": "u2", "resourceVersion": "7"}}
+    changed = {**POD, "metadata": {**POD["metadata"], "resourceVersion": "13"}}
+    api = FakeApi([Body([{"type": "ADDED", "object": POD}, {"type": "ADDED", "object": other}, initial_events_end("12"),
+                         {"type": "MODIFIED", "object": changed}])])  # fmt: skip
+    events = take(watch(api, "/x", [("labelSelector", "a=b")], initial_events=True, sleep=lambda s: None), 2)
+    assert events == [("LIST", {"items": [POD, other]}), ("MODIFIED", changed)]
+    assert len(api.requests) == 1
+    assert api.requests[0]["watch"] == "true" and api.requests[0]["sendInitialEvents"] == "true"
+    assert api.requests[0]["resourceVersionMatch"] == "NotOlderThan" and api.requests[0]["labelSelector"] == "a=b"
+
+
+def test_a_stream_cut_before_the_initial_events_end_starts_the_list_again_and_resumes_from_the_marker():
+    api = FakeApi([Body([{"type": "ADDED", "object": POD}], drop=True), Body([{"type": "ADDED", "object": POD}, initial_events_end("12")]),
+                   Body([{"type": "DELETED", "object": POD}])])  # fmt: skip
+    events = [e for e in take(watch(api, "/x", [], initial_events=True, sleep=lambda s: None), 3) if e is not None]
+    assert events[0] == ("LIST", {"items": [POD]}) and events[1][0] == "DELETED"
+    assert [r.get("sendInitialEvents") for r in api.requests] == ["true", "true", None]
+    assert api.requests[2]["resourceVersion"] == "12"  # not the version of an object of the initial list
+
+
+def test_a_server_that_refuses_streaming_lists_is_listed_from_then_on():
+    refused = ApiException(status=422, reason="Unprocessable Entity")
+    refused.body = json.dumps({"message": 'ListOptions.meta.k8s.io "" is invalid: sendInitialEvents: Forbidden: not enabled'})
+    api = FakeApi([refused, LIST, Body([EXPIRED]), LIST, Body([])])
+    events = [e for e in take(watch(api, "/x", [], initial_events=True, sleep=lambda s: None), 3) if e is not None]
+    assert events == [("LIST", {"items": [POD]}), ("LIST", {"items": [POD]})]
+    assert [(r.get("watch"), r.get("sendInitialEvents")) for r in api.requests] == [
+        ("true", "true"), (None, None), ("true", None), (None, None), ("true", None)]  # fmt: skip

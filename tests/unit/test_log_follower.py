@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_trainer.backends.base import LogLine
 from kfp_trainer.backends.kube.cache import ObjectCache
-from kfp_trainer.backends.kube.logs import NodeLogFollower
+from kfp_trainer.backends.kube.logs import NodeLogFollower, _terminated
 
 LABELS = {
     "jobset.sigs.k8s.io/jobset-name": "tj",
@@ -193,3 +193,27 @@ def test_a_finished_container_seen_only_after_the_job_ended_is_still_read():
 def test_lines_reach_the_sink_as_log_lines():
     assert LogLine("node-0", "x").text == "x"
 
+
+
+def test_a_stream_left_open_after_its_container_terminated_is_cut_and_the_rest_read_before_the_job_ends():
+    hanging = Body([stamped(1, "a"), stamped(1, "b")], hang=True)  # a kubelet may hold it open for seconds
+    rest = Body([stamped(1, "a"), stamped(1, "b"), stamped(2, "c")])
+    server = LogServer([hanging, rest])
+    pods = Pods(pod("running"))
+    f, thread, stop, lines = follower(server, pods)
+    wait_lines(lines, 2)
+    pods.set(pod("terminated", phase="Succeeded"))
+    wait_lines(lines, 3)  # no stop: the terminated state alone ends the follow
+    assert lines == ["a", "b", "c"] and hanging.closed.is_set()
+    assert "follow" not in server.requests[1] and server.requests[1]["sinceTime"] == "2026-05-01T10:00:01Z"
+    stop.set()
+    f.pods.wake()
+    thread.join(5)
+    assert not thread.is_alive() and len(server.requests) == 2
+
+
+def test_only_a_terminated_instance_or_a_gone_pod_counts_as_finished_for_cutting():
+    assert _terminated(pod("terminated", phase="Succeeded"), ("p1", 0))
+    assert _terminated(None, ("p1", 0)) and _terminated(pod("running", uid="p2"), ("p1", 0))
+    assert not _terminated(pod("running"), ("p1", 0))
+    assert not _terminated(pod("terminated", restarts=1), ("p1", 0))  # a restart: the next instance's log is another read

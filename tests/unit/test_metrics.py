@@ -63,3 +63,16 @@ def test_best_is_kept_for_scores_only():
         s.feed(line)
     assert s.best() == {"loss": 1.0}
     assert s.final() == {"loss": 1.0, "learning_rate": 0.0005, "batch_size": 16.0}
+
+
+def test_a_printed_dict_with_non_string_keys_is_parsed_not_raised():
+    # e.g. a label map printed by the trainer; raising here would stop the log relay
+    s = MetricSeries()
+    assert s.feed("{0: 'cat', 1: 'dog'}") == 0
+    assert s.feed("{0: 0.25, 'loss': 1.5}") == 2
+    assert s.final() == {"0": 0.25, "loss": 1.5}
+
+
+def test_lines_without_pairs_or_mappings_carry_no_metrics():
+    assert parse_line("Epoch 3 finished in 12.5 s") == []
+    assert parse_line("note:\tÜbung — données ✓ 7919") == []

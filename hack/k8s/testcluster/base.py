@@ -45,10 +45,14 @@ class ClusterBase:
         unique: bool = False,
         verbose: bool = False,
         feature_gates: Mapping[str, bool] | None = None,
+        audit_policy: Path | None = None,
     ) -> None:
         """``unique``: name the cluster ``<name>-<pid>`` so concurrent test sessions never share
         (or delete) each other's cluster; clusters left by dead sessions are removed on start.
-        ``feature_gates``: of the Trainer/JobSet controllers (default: ``KFP_TRAINER_FEATURE_GATES``)."""
+        ``feature_gates``: of the Trainer/JobSet controllers (default: ``KFP_TRAINER_FEATURE_GATES``).
+        ``audit_policy``: an audit policy file (``audit.k8s.io/v1`` Policy); the API server then
+        writes its audit log (JSON lines) to :attr:`audit_log`. Applies to a cluster this object
+        creates, not to a reused one."""
         self.base_name = name or os.environ.get("KFP_TRAINER_CLUSTER_NAME", DEFAULT_CLUSTER_NAME)
         self.unique = unique
         self.root = Path(root) if root else cache_root() / "clusters"
@@ -60,6 +64,7 @@ class ClusterBase:
         self.reuse = reuse
         self.verbose = verbose
         self.feature_gates = dict(env_feature_gates() if feature_gates is None else feature_gates)
+        self.audit_policy = Path(audit_policy) if audit_policy else None
         self.timings: dict[str, float] = {}
         self.ports = kwok.Ports()
         self._bin: Binaries | None = None
@@ -74,6 +79,7 @@ class ClusterBase:
         self.kubeconfig = str(self.root / f"{name}.kubeconfig")
         self.logs_dir = self.root / f"{name}-podlogs"
         self.state_file = self.root / f"{name}.state.json"
+        self.audit_log = self.cluster_dir / "logs" / "audit.log"
 
     # ------------------------------------------------------------------ helpers
     def _log(self, msg: str) -> None:

@@ -60,7 +60,7 @@ class TestCluster(ClusterBase):
         self.ports = kwok.Ports.pick()
         try:
             with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=self.root) as f:
-                yaml.safe_dump_all(kwok.config(self._bin, self.ports), f)
+                yaml.safe_dump_all(kwok.config(self._bin, self.ports, audit_policy=self.audit_policy), f)
             try:
                 self._kwokctl(
                     "create",

@@ -63,8 +63,12 @@ def stages() -> list[dict]:
     return docs
 
 
-def config(b: Binaries, ports: Ports) -> list[dict]:
-    """The kwokctl configuration documents (KwokctlConfiguration, KwokConfiguration, Stages)."""
+def config(b: Binaries, ports: Ports, audit_policy: Path | None = None) -> list[dict]:
+    """The kwokctl configuration documents (KwokctlConfiguration, KwokConfiguration, Stages).
+
+    ``audit_policy``: kwokctl copies it into the cluster's directory and starts the API server
+    with ``--audit-policy-file`` and ``--audit-log-path=<cluster dir>/logs/audit.log``.
+    """
     options = {
         "runtime": "binary",
         "bindAddress": "127.0.0.1",
@@ -90,6 +94,8 @@ def config(b: Binaries, ports: Ports) -> list[dict]:
         "kubeVersion": KUBE_VERSION,
         "nodeLeaseDurationSeconds": 40,
     }
+    if audit_policy is not None:
+        options["kubeAuditPolicy"] = str(audit_policy)
     kwokctl = {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
         "kind": "KwokctlConfiguration",

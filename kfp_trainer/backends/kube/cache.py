@@ -1,7 +1,8 @@
 """Watches that run in a thread of their own: an object cache, and an event queue.
 
 * :class:`ObjectCache` keeps the objects a selector matches (the pods of a job, the warning
-  events of a namespace) current with one watch, so readers look them up without a request.
+  events of a namespace) current with one watch (a streaming list where the server offers
+  one: a single request), so readers look them up without a request.
 * :class:`EventQueue` hands a watch's events to a consumer that also wants a heartbeat
   every few seconds; a quiet watch costs one request per server timeout, not per heartbeat.
 
@@ -128,7 +129,13 @@ class ObjectCache:
     def _run(self) -> None:
         try:
             for event in watch(
-                self.api, self.path, self.selectors, timeout_seconds=self.timeout_seconds, policy=self.policy, handle=self._handle
+                self.api,
+                self.path,
+                self.selectors,
+                timeout_seconds=self.timeout_seconds,
+                policy=self.policy,
+                handle=self._handle,
+                initial_events=True,
             ):
                 self._apply(event)
         except KfpTrainerError as e:
@@ -165,7 +172,12 @@ class EventQueue:
         self._queue: queue.Queue[Event | _Failure | None] = queue.Queue()
         self._handle = Handle()
         self._args = (api, path, selectors)
-        self._kwargs: dict[str, Any] = {"timeout_seconds": timeout_seconds, "policy": policy, "resource_version": resource_version}
+        self._kwargs: dict[str, Any] = {
+            "timeout_seconds": timeout_seconds,
+            "policy": policy,
+            "resource_version": resource_version,
+            "initial_events": True,
+        }
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:

@@ -44,40 +44,50 @@ from .watch import lines, shutdown
 log = logging.getLogger(__name__)
 CONTAINER = "node"
 Timestamp = tuple[int, int]  # (seconds since epoch, nanoseconds)
-_DIGITS = frozenset(b"0123456789")
-_minutes: dict[bytes, int] = {}
+_seconds: dict[bytes, int] = {}  # "YYYY-MM-DDTHH:MM:SS" -> seconds since the epoch
 
 
 def parse_timestamp(text: str | bytes) -> Timestamp | None:
     """``2026-01-02T03:04:05.123Z`` (UTC) -> (epoch seconds, nanoseconds); None if not a timestamp.
+
+    Runs once per relayed line: the date and time of day are parsed once per second of log.
 
     Example:
         >>> parse_timestamp("1970-01-02T00:00:01.5Z")
         (86401, 500000000)
     """
     raw = text.encode() if isinstance(text, str) else text
-    if len(raw) < 20 or raw[-1:] != b"Z" or raw[4:5] != b"-" or raw[10:11] != b"T" or raw[13:14] != b":" or raw[16:17] != b":":
+    if len(raw) < 20 or raw[-1:] != b"Z":
         return None
-    minute = raw[:16]
-    base = _minutes.get(minute)
+    whole = raw[:19]
+    base = _seconds.get(whole)
     if base is None:
-        try:
-            fields = (raw[0:4], raw[5:7], raw[8:10], raw[11:13], raw[14:16])
-            if not all(f and set(f) <= _DIGITS for f in fields):
-                return None
-            year, month, day, hour, mins = (int(f) for f in fields)
-            if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and mins < 60):
-                return None
-            base = calendar.timegm((year, month, day, hour, mins, 0, 0, 0, 0))
-        except ValueError:
+        base = _second(whole)
+        if base is None:
             return None
-        if len(_minutes) > 4096:
-            _minutes.clear()
-        _minutes[minute] = base
-    seconds, fraction = raw[17:19], raw[20:-1] if raw[19:20] == b"." else b""
-    if not (set(seconds) <= _DIGITS and set(fraction) <= _DIGITS) or raw[19:20] not in (b".", b"Z"):
+    if len(raw) == 20:
+        return base, 0
+    fraction = raw[20:-1]
+    if raw[19:20] != b"." or not (fraction.isdigit() or not fraction):
         return None
-    return base + int(seconds), int(fraction[:9].ljust(9, b"0")) if fraction else 0
+    return base, int(fraction[:9].ljust(9, b"0")) if fraction else 0
+
+
+def _second(whole: bytes) -> int | None:
+    """Seconds since the epoch of ``YYYY-MM-DDTHH:MM:SS`` (UTC); None when it is not that."""
+    if whole[4:5] != b"-" or whole[7:8] != b"-" or whole[10:11] != b"T" or whole[13:14] != b":" or whole[16:17] != b":":
+        return None
+    fields = (whole[0:4], whole[5:7], whole[8:10], whole[11:13], whole[14:16], whole[17:19])
+    if not all(f.isdigit() for f in fields):
+        return None
+    year, month, day, hour, minute, second = (int(f) for f in fields)
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60):
+        return None
+    value = calendar.timegm((year, month, day, hour, minute, 0, 0, 0, 0)) + second
+    if len(_seconds) > 4096:
+        _seconds.clear()
+    _seconds[whole] = value
+    return value
 
 
 def format_since(ts: Timestamp) -> str:
@@ -121,6 +131,14 @@ def _started(pod: dict[str, Any]) -> bool:
 
 def _instance(pod: dict[str, Any]) -> tuple[str, int]:
     return pod["metadata"]["uid"], int(container_status(pod).get("restartCount") or 0)
+
+
+def _terminated(pod: dict[str, Any] | None, instance: tuple[str, int]) -> bool:
+    """Whether that container instance has exited (its log is complete) or its pod is gone."""
+    if pod is None or pod["metadata"]["uid"] != instance[0]:
+        return True
+    status = container_status(pod)
+    return int(status.get("restartCount") or 0) == instance[1] and "terminated" in (status.get("state") or {})
 
 
 def _instance_over(pod: dict[str, Any] | None, instance: tuple[str, int]) -> bool:
@@ -173,6 +191,7 @@ class NodeLogFollower:
         self.done: set[tuple[str, int]] = set()  # container instances read to their end
         self.lines = 0
         self._response: Any = None
+        self._cut = threading.Event()  # the follow stream was cut: its container terminated
 
     def interrupt(self) -> None:
         """Unblock a follow read in progress (called from another thread once ``stop`` is set)."""
@@ -218,6 +237,8 @@ class NodeLogFollower:
         seen_at: dict[Timestamp, int] = {}
         if follow:
             self._response = response
+            if self._cut.is_set():  # cut while the request was on its way
+                shutdown(response)
         try:
             for raw in lines(response):
                 text = raw.rstrip(b"\r")
@@ -265,16 +286,41 @@ class NodeLogFollower:
             if self._safe_read(name, cursor, follow=False):
                 self.done.add(instance)
             return
-        if self._safe_read(name, cursor, follow=True):
+        if self._follow(name, cursor, instance):
             # The server ends a follow stream when the instance stops: wait for the pod watch to say so.
             over = self.pods.wait(
                 lambda pods: True if _instance_over(self._mine(pods), instance) else None, timeout=self.settle, stop=self.stop
             )
             if over or self.stop.is_set():
                 self.done.add(instance)
-        elif self.stop.is_set():
-            if self._safe_read(name, cursor, follow=False):  # interrupted during the drain: the rest from the cursor
+        elif self.stop.is_set() or self._cut.is_set():
+            if self._safe_read(name, cursor, follow=False):  # cut or interrupted: the rest from the cursor
                 self.done.add(instance)
+
+    def _follow(self, name: str, cursor: _Cursor, instance: tuple[str, int]) -> bool:
+        """Follow the instance's log; cut the stream once the pod watch shows the container terminated.
+
+        A server may keep a follow stream open for seconds after its container exited (a
+        kubelet checks the container's state every few seconds); the terminated state means
+        the log is complete, so one read from the cursor gets the rest at once -- before the
+        TrainJob reports its end, which then costs no wait for the log.
+        """
+        self._cut.clear()
+        following = threading.Event()
+
+        def cut_when_terminated() -> None:
+            if self.pods.wait(lambda pods: True if _terminated(self._mine(pods), instance) else None, stop=following):
+                self._cut.set()
+                self.interrupt()
+
+        watcher = threading.Thread(target=cut_when_terminated, name=f"logs-cut-{self.source}", daemon=True)
+        watcher.start()
+        try:
+            return self._safe_read(name, cursor, follow=True)
+        finally:
+            following.set()
+            self.pods.wake()
+            watcher.join(2.0)
 
     def _safe_read(self, pod: str, cursor: _Cursor, *, follow: bool = False, previous: bool = False) -> bool:
         """:meth:`_read`, with interruptions answered by a pause (False); 403 ends the follower."""
@@ -290,7 +336,7 @@ class NodeLogFollower:
                 self.sleep(self.poll)
             return False
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
-            if not self.stop.is_set():
+            if not (self.stop.is_set() or self._cut.is_set()):
                 log.info("%s: log stream of %s interrupted (%s); resuming", self.source, pod, e)
                 self.sleep(min(self.poll, 1.0))
             return False

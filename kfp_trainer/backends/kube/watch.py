@@ -6,7 +6,10 @@ Small layers, each with one job:
   the last version it saw after a server timeout or a dropped connection (with backoff),
   and relists on ``410 Gone``. Bookmarks advance the version. The failure count behind the
   backoff restarts at zero each time a stream opens, so hours of routine reconnects never
-  add up to giving up; only failures in a row do.
+  add up to giving up; only failures in a row do. With ``initial_events`` the list is a
+  streaming list (Kubernetes 1.32+: one watch request that starts with the current objects
+  and marks their end with a bookmark) instead of a list request and a watch request; a
+  server that refuses it is asked with a list from then on.
 * :func:`open_stream` opens one watch request; :func:`decode` turns its body into events.
 * :func:`lines` splits an HTTP body into lines as chunks arrive.
 * :func:`wait_gone` waits, bounded, until the objects a selector matches are gone.
@@ -22,18 +25,22 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import urllib3
 from kubernetes.client import ApiClient
 
-from ...errors import InfraError, KfpTrainerError, UserError
+from ...errors import InfraError, KfpTrainerError, RejectedError, UserError
 from .api import TRANSIENT, Gone, NotFound, RetryPolicy, call, request, translate
 
 log = logging.getLogger(__name__)
 Event = tuple[str, dict[str, Any]]
 STREAM_ERRORS = (urllib3.exceptions.HTTPError, OSError, TimeoutError, ValueError)
+INITIAL_EVENTS = [("sendInitialEvents", "true"), ("resourceVersionMatch", "NotOlderThan")]
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+_LISTS_ONLY: weakref.WeakSet[Any] = weakref.WeakSet()  # API clients whose server refused a streaming list
 
 
 class Handle:
@@ -79,12 +86,15 @@ def list_objects(api: ApiClient, path: str, selectors: list[tuple[str, str]], *,
 
 
 def lines(response: Any) -> Iterator[bytes]:
-    """The non-empty lines of a streamed body, as they arrive."""
+    """The non-empty lines of a streamed body, as they arrive (each chunk is split once)."""
     buffer = b""
     for chunk in response.stream(amt=None, decode_content=True):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
+        if b"\n" not in chunk:
+            buffer += chunk
+            continue
+        parts = (buffer + chunk).split(b"\n")
+        buffer = parts.pop()
+        for line in parts:
             if line.strip():
                 yield line
     if buffer.strip():
@@ -133,6 +143,7 @@ def watch(
     sleep: Callable[[float], None] = time.sleep,
     resource_version: str | None = None,
     handle: Handle | None = None,
+    initial_events: bool = False,
 ) -> Iterator[Event | None]:
     """Watch objects at ``path`` until ``handle`` is closed; see the module docstring.
 
@@ -147,6 +158,8 @@ def watch(
             watch); a version that is too old makes the server answer 410, and the watch
             relists.
         handle: Ends the watch from another thread.
+        initial_events: List with a streaming list where the server offers one (one request
+            instead of two); the ``LIST`` event comes once the current objects are in.
     """
     handle = handle or Handle()
     version = resource_version
@@ -154,16 +167,36 @@ def watch(
     delays = policy.delays()
     while not handle.closed:
         try:
+            initial: list[dict[str, Any]] | None = None  # the current objects of a streaming list, until its end
             if version is None:
-                items, version = list_objects(api, path, selectors, policy=policy)
-                yield "LIST", {"items": items}
-                continue
-            response = open_stream(api, path, selectors, version, timeout_seconds)
+                if not initial_events or api in _LISTS_ONLY:
+                    items, version = list_objects(api, path, selectors, policy=policy)
+                    yield "LIST", {"items": items}
+                    continue
+                initial = []
+                try:
+                    response = open_stream(api, path, [*selectors, *INITIAL_EVENTS], "", timeout_seconds)
+                except TRANSIENT as e:
+                    if not isinstance(translate(e, f"watch {path}"), RejectedError):
+                        raise
+                    log.info("watch %s: the server refused a streaming list; listing", path)
+                    _LISTS_ONLY.add(api)
+                    continue
+            else:
+                response = open_stream(api, path, selectors, version, timeout_seconds)
             failures = 0  # the server answered: whatever came before was not a lasting failure
             handle.attach(response)
             for kind, obj in decode(response):
                 if kind == "ERROR":
                     _raise_error_event(path, obj)
+                if initial is not None:  # the objects' own versions are no point to resume from
+                    if kind == "ADDED":
+                        initial.append(obj)
+                    elif kind == "BOOKMARK" and ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                        version = _version(obj, "") or None
+                        yield "LIST", {"items": initial}
+                        initial = None
+                    continue
                 version = _version(obj, version)
                 if kind != "BOOKMARK":
                     yield kind, obj
