@@ -29,13 +29,11 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -148,29 +146,6 @@ class _Printer:
         self._unflushed.set()
         if self._flusher is not None:
             self._flusher.join(1.0)
-
-
-@contextlib.contextmanager
-def _on_stop_signals(handler: Any) -> Iterator[None]:
-    """Handle SIGTERM and SIGINT with ``handler`` while inside (main thread only), then restore."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
-def cancel_on_signals() -> contextlib.AbstractContextManager[None]:
-    """Turn SIGTERM and SIGINT into :class:`CancelledError` in the main thread while inside."""
-
-    def handler(signum: int, _frame: Any) -> None:
-        raise cancel.cancelled(signum)
-
-    return _on_stop_signals(handler)
 
 
 class Launcher:
