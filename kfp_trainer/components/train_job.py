@@ -68,7 +68,7 @@ def train_job(
     scheduling_gates: Optional[list] = None,
     security_context: Optional[dict] = None,
     container_security_context: Optional[dict] = None,
-    termination_grace_period_seconds: Optional[int] = None,
+    termination_grace_period_seconds: int = -1,
     init_containers: Optional[list] = None,
     active_deadline_seconds: int = 0,
     suspend: Optional[bool] = None,
@@ -141,7 +141,7 @@ def train_job(
         scheduling_gates: Scheduling gate names of the trainer pods (they wait until something removes them).
         security_context: Pod security context of the trainer pods (runAsUser, fsGroup, seccompProfile, ...; Trainer v2.2+).
         container_security_context: Security context of the trainer container (readOnlyRootFilesystem, capabilities, ...; Trainer v2.2+).
-        termination_grace_period_seconds: Seconds the trainer pods get to stop after SIGTERM (Trainer v2.3+).
+        termination_grace_period_seconds: Seconds the trainer pods get to stop after SIGTERM (Trainer v2.3+); -1: the runtime's.
         init_containers: Env, volumeMounts and securityContext for init containers the runtime defines, by name ({name, env, ...}).
         active_deadline_seconds: Server-side limit on the job's run time in seconds (Trainer v2.2+); 0 means none.
         suspend: Create the TrainJob suspended (e.g. for a queue to admit).
@@ -177,7 +177,9 @@ def train_job(
         "service_account": service_account, "image_pull_secrets": image_pull_secrets, "pod_targets": pod_targets,
         "scheduling_gates": scheduling_gates, "security_context": security_context,
         "container_security_context": container_security_context,
-        "termination_grace_period_seconds": termination_grace_period_seconds, "init_containers": init_containers,
+        # -1, not None, means unset: kfp.local turns an integer input left at None into int(None) and fails.
+        "termination_grace_period_seconds": None if termination_grace_period_seconds == -1 else termination_grace_period_seconds,
+        "init_containers": init_containers,
         "active_deadline_seconds": active_deadline_seconds or None, "suspend": suspend, "queue_name": queue_name,
         "managed_by": managed_by, "patch": patch,
     }

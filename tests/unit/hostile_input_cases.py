@@ -320,7 +320,7 @@ INPUT_CASES: list[Case] = [
                                         "capabilities": {"drop": ["ALL"]}}},
         check=lambda m: pod(m)["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]},
     ),  # fmt: skip
-    Case("grace-negative", {"termination_grace_period_seconds": -1}, "termination_grace_period_seconds"),
+    Case("grace-negative", {"termination_grace_period_seconds": -2}, "termination_grace_period_seconds"),
     Case("grace-boolean", {"termination_grace_period_seconds": True}, "termination_grace_period_seconds"),
     Case("grace-fraction", {"termination_grace_period_seconds": 1.5}, "termination_grace_period_seconds"),
     Case("grace-on-v21", {"termination_grace_period_seconds": 30}, "termination_grace_period_seconds", api_version="v2.1"),

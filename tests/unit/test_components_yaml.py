@@ -113,3 +113,16 @@ def test_sample_pipeline_has_a_valid_name_workspace_and_no_cache_on_training():
     assert spec["schemaVersion"] == "2.1.0"
     assert spec["root"]["dag"]["tasks"]["train-job"]["cachingOptions"] == {}
     assert platform["platforms"]["kubernetes"]["pipelineConfig"]["workspace"]["size"] == "10Gi"
+
+
+def test_no_integer_input_defaults_to_none(generated):
+    """kfp.local (2.17) runs int() on every integer input, so one left at a None default fails the task."""
+    unset = []
+    for path, text in generated.items():
+        if path.name != "component.yaml":
+            continue
+        doc = yaml.safe_load(text)
+        for name, spec in doc["root"]["inputDefinitions"]["parameters"].items():
+            if spec["parameterType"] == "NUMBER_INTEGER" and spec.get("isOptional") and spec.get("defaultValue") is None:
+                unset.append(f"{path.parent.name}.{name}")
+    assert not unset, f"integer inputs with a None default (use a sentinel such as -1): {unset}"
