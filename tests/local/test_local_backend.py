@@ -22,14 +22,17 @@ from kfp_trainer.spec import TrainJobInputs
 
 ALLREDUCE = textwrap.dedent(
     """
-    import json, os
+    import json, os, sys
     import torch
     import torch.distributed as dist
     dist.init_process_group("gloo")
     t = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(t)
-    print(json.dumps({"rank": dist.get_rank(), "world_size": dist.get_world_size(),
-                      "node_rank": int(os.environ["GROUP_RANK"]), "sum": t.item()}), flush=True)
+    # One write per line: the ranks of a node share its stdout, unbuffered, and print() writes
+    # the text and its newline apart, so two ranks' lines could interleave.
+    record = {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "node_rank": int(os.environ["GROUP_RANK"]), "sum": t.item()}
+    sys.stdout.write(json.dumps(record) + "\\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
     """
 )
