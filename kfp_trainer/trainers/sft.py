@@ -327,9 +327,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                             "learning_rate": float(f"{lr:.6g}"),
                         }
                     )
-                    done = max(step / args.max_steps, elapsed / budget if budget else 0.0)
-                    if done < 1.0:  # the end is reported once, with the summary
-                        reporter.report_fraction(done, {"loss": round(mean_loss, 6), "learning_rate": f"{lr:.6g}"})
+                    fraction = max(step / args.max_steps, elapsed / budget if budget else 0.0)
+                    if fraction < 1.0:  # the end is reported once, with the summary
+                        reporter.report_fraction(fraction, {"loss": round(mean_loss, 6), "learning_rate": f"{lr:.6g}"})
                 loss_sum_interval = 0.0
                 interval_steps = 0
             if args.checkpoint_steps > 0 and step % args.checkpoint_steps == 0 and step < args.max_steps and env.is_main:

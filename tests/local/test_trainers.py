@@ -273,6 +273,30 @@ def test_sft_single_process_without_launcher_stops_on_time_budget(model_dir: Pat
     assert info["world_size"] == 1 and info["steps"] == summary["train_steps"]
 
 
+def test_sft_trains_on_through_several_epochs_to_max_steps(model_dir: Path, dataset_dir: Path, tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    rows = (dataset_dir / "train.jsonl").read_text().splitlines()[:40]  # 5 steps per epoch at batch size 8
+    (small / "train.jsonl").write_text("\n".join(rows) + "\n")
+    proc = _run(
+        [
+            "-m", "kfp_trainer.trainers.sft",
+            "--model-dir", str(model_dir),
+            "--dataset-dir", str(small),
+            "--output-dir", str(tmp_path / "out"),
+            "--max-steps", "12",
+            "--logging-steps", "2",
+            "--batch-size", "8",
+        ]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = _json_lines(proc.stdout)
+    summary = lines[-1]
+    assert (summary["train_steps"], summary["stopped_by"]) == (12, "max_steps")
+    assert [line["step"] for line in lines[:-1]] == [2, 4, 6, 8, 10, 12]
+    assert lines[-2]["epoch"] > 2
+
+
 def test_lr_schedule() -> None:
     from kfp_trainer.trainers.sft import lr_at
 
