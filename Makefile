@@ -83,7 +83,7 @@ reliability: setup cluster-build
 	$(PY) hack/reliability.py --runs $(RUNS)
 
 # kfp-trainer against the kubeflow SDK 0.5.0 (installed into a virtualenv of its own) on a control
-# plane of its own, requests counted in its API server's audit log; about 15 minutes on 2 cores.
+# plane of its own, requests counted in its API server's audit log; about 11 minutes on 2 cores.
 # Writes bench/results.json and bench/results.md. BENCH_ARGS=--smoke checks the harness in ~3 minutes.
 bench: setup cluster-build
 	$(PY) -m bench.run $(BENCH_ARGS)
