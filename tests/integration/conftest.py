@@ -24,12 +24,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack" / "k8s"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import testcluster  # noqa: E402  (hack/k8s/testcluster)
+from helpers import wait_for  # noqa: E402  (tests/integration/helpers.py)
 
 _IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _BUILD_ERROR: str | None = None
@@ -128,8 +130,6 @@ def api_client(cluster):
 
 @pytest.fixture
 def namespace(cluster, api_client):
-    from kubernetes import client
-
     core = client.CoreV1Api(api_client)
     name = f"it-{uuid.uuid4().hex[:10]}"
     core.create_namespace({"metadata": {"name": name, "labels": {"kfp-trainer.test/integration": "true"}}})
@@ -197,3 +197,47 @@ def checked(request, api_client, namespace, ledger):
 
 
 LEFT_WITHIN = 30.0
+
+
+# Argo's Workflow kind, served without its controller: what `kfp-trainer gc` reads to tell a run gone.
+WORKFLOW_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "workflows.argoproj.io"},
+    "spec": {
+        "group": "argoproj.io",
+        "names": {"kind": "Workflow", "plural": "workflows", "singular": "workflow", "listKind": "WorkflowList"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture
+def workflows(api_client):
+    ext = client.ApiextensionsV1Api(api_client)
+    try:
+        ext.create_custom_resource_definition(WORKFLOW_CRD)
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+    custom = client.CustomObjectsApi(api_client)
+
+    def served():
+        try:
+            custom.list_cluster_custom_object("argoproj.io", "v1alpha1", "workflows")
+            return True
+        except client.ApiException:
+            return False
+
+    wait_for(served, what="the Workflow kind served")
+    yield custom
+    ext.delete_custom_resource_definition("workflows.argoproj.io")

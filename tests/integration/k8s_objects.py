@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from helpers import wait_for  # noqa: F401  (re-exported for the tests that import it from here)
 from kubernetes import client
 
 from kfp_trainer import spec
@@ -176,11 +177,3 @@ def owned_job(api: client.ApiClient, trainjob: dict, *, replicated_job: str = "e
     return client.BatchV1Api(api).create_namespaced_job(meta["namespace"], body).to_dict()
 
 
-def wait_for(predicate, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")

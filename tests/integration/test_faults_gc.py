@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import wait_for
 from kubernetes import client
-from test_gc import WORKFLOW_CRD, gc_cli
+from test_gc import gc_cli
 from testcluster import PodScript
 
 from kfp_trainer import spec
@@ -51,28 +51,6 @@ def test_gc_collects_the_job_of_a_launcher_pod_that_is_gone(cluster, api_client,
     deleted = gc_cli(cluster, "-n", checked, "--yes")
     assert f"deleted TrainJob {checked}/{name}" in deleted
     # (the namespace check then waits for the JobSet, Jobs and pods to go after it)
-
-
-@pytest.fixture
-def workflows(api_client):
-    ext = client.ApiextensionsV1Api(api_client)
-    try:
-        ext.create_custom_resource_definition(WORKFLOW_CRD)
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-    custom = client.CustomObjectsApi(api_client)
-
-    def served():
-        try:
-            custom.list_cluster_custom_object("argoproj.io", "v1alpha1", "workflows")
-            return True
-        except client.ApiException:
-            return False
-
-    wait_for(served, what="the Workflow kind served")
-    yield custom
-    ext.delete_custom_resource_definition("workflows.argoproj.io")
 
 
 def test_gc_collects_the_job_of_a_run_that_was_deleted(cluster, api_client, checked, workflows):

@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from k8s_objects import backend, dead_launcher, inert, manifest, set_condition, trainjobs, wait_for
+from k8s_objects import backend, dead_launcher, inert, manifest, set_condition, trainjobs
 from kubernetes import client
 
 from kfp_trainer import spec
@@ -15,25 +15,6 @@ from kfp_trainer.backends import owner
 from kfp_trainer.gc import Collector
 
 pytestmark = pytest.mark.timeout(180)
-WORKFLOW_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "workflows.argoproj.io"},
-    "spec": {
-        "group": "argoproj.io",
-        "names": {"kind": "Workflow", "plural": "workflows", "singular": "workflow", "listKind": "WorkflowList"},
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1alpha1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-            }
-        ],
-    },
-}
 
 
 def launcher_pod(api, namespace: str, name: str, phase: str | None = None) -> dict:
@@ -55,28 +36,6 @@ def gc_cli(cluster, *args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-@pytest.fixture
-def workflows(api_client):
-    ext = client.ApiextensionsV1Api(api_client)
-    try:
-        ext.create_custom_resource_definition(WORKFLOW_CRD)
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-    custom = client.CustomObjectsApi(api_client)
-
-    def served():
-        try:
-            custom.list_cluster_custom_object("argoproj.io", "v1alpha1", "workflows")
-            return True
-        except client.ApiException:
-            return False
-
-    wait_for(served, what="the Workflow kind served")
-    yield custom
-    ext.delete_custom_resource_definition("workflows.argoproj.io")
 
 
 def test_gc_lists_jobs_whose_launcher_is_gone_and_deletes_only_those_with_yes(cluster, api_client, namespace):
