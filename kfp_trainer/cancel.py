@@ -16,6 +16,13 @@ as long as nothing was created, which is why the entry points install first thin
 
 Only the main thread receives signals; in other threads the modes do nothing.
 
+A raised cancel can be lost: Python drops an exception raised inside a weakref callback, a
+finalizer or a logging handler ("Exception ignored in ..."), and a library may catch it as an
+``Exception``. So a raised cancel stays on record until the code that handles it calls
+:func:`acknowledge` (the launcher does, as it deletes the job; :func:`handling` does, when one
+leaves it); until then a watchdog thread sends the signal to the main thread again every
+:data:`REDELIVER_AFTER` seconds, which also wakes a blocking read.
+
 Example:
     >>> install()                                 # doctest: +SKIP
     >>> with deferred():                          # doctest: +SKIP
@@ -25,29 +32,63 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
-from collections.abc import Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from .errors import CancelledError
 
+F = TypeVar("F", bound=Callable[..., Any])
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RAISE, RECORD = "raise", "record"
+REDELIVER_AFTER = 0.5  # seconds a raised cancel may stay unacknowledged before it is sent again
+_POLL = 0.1
 
 
 class _Latch:
+    # The handler runs on the main thread between any two bytecodes, even inside a lock's owner,
+    # so it takes no lock: it only reads and writes attributes. The watchdog thread only sends.
     def __init__(self) -> None:
         self.installed = False
         self.mode = RAISE
-        self.pending: int | None = None
+        self.pending: int | None = None  # recorded inside a RECORD region, raised on leaving it
+        self.fired: int | None = None  # raised and not yet acknowledged
+        self.fired_at = 0.0
+        self.sent = 0  # redeliveries sent (watchdog thread only)
+        self.received = 0  # signals the handler took as redeliveries (main thread only)
         self.previous: dict[int, Any] = {}
+        self.stop = threading.Event()
+        self.watchdog: threading.Thread | None = None
 
     def handler(self, signum: int, _frame: Any) -> None:
+        if self.sent > self.received:  # our redelivery (or a signal in its place)
+            self.received += 1
+            if self.fired is None:  # acknowledged since it was sent
+                return
+            signum = self.fired
         if self.mode == RAISE:
-            raise cancelled(signum)
+            raise self.deliver(signum)
         if self.pending is None:
             self.pending = signum
+
+    def deliver(self, signum: int) -> CancelledError:
+        if self.fired is None:
+            self.fired, self.fired_at = signum, time.monotonic()
+        return cancelled(self.fired)
+
+    def redeliver(self, stop: threading.Event, main: int) -> None:
+        while not stop.wait(_POLL):
+            fired = self.fired
+            if fired is None or time.monotonic() - self.fired_at < REDELIVER_AFTER:
+                continue
+            if signal.getsignal(fired) != self.handler:  # someone replaced ours: theirs may end the process
+                return
+            self.fired_at = time.monotonic()
+            self.sent += 1
+            signal.pthread_kill(main, fired)
 
 
 _latch = _Latch()
@@ -81,17 +122,44 @@ def install() -> bool:
     """
     if _active() or threading.current_thread() is not threading.main_thread():
         return False
+    _stop_watchdog()
     _latch.previous = {s: signal.signal(s, _latch.handler) for s in SIGNALS}
-    _latch.installed, _latch.mode, _latch.pending = True, RAISE, None
+    _latch.installed, _latch.mode, _latch.pending, _latch.fired = True, RAISE, None, None
+    _latch.stop = threading.Event()
+    _latch.watchdog = threading.Thread(
+        target=_latch.redeliver, args=(_latch.stop, threading.get_ident()), name="kfp-trainer-cancel", daemon=True
+    )
+    _latch.watchdog.start()
     return True
+
+
+def _stop_watchdog() -> None:
+    _latch.stop.set()
+    if _latch.watchdog is not None:
+        _latch.watchdog.join()
+        _latch.watchdog = None
 
 
 def uninstall() -> None:
     """Restore the handlers that were there before :func:`install`."""
     if _active():
+        _latch.fired = None
+        _stop_watchdog()
+        # A redelivery still on its way must reach our handler (which drops it), not the default one.
+        deadline = time.monotonic() + 1.0
+        while _latch.sent > _latch.received and time.monotonic() < deadline:
+            time.sleep(0.005)
         for s, h in _latch.previous.items():
             signal.signal(s, h)
         _latch.installed, _latch.mode, _latch.pending = False, RAISE, None
+
+
+def acknowledge() -> None:
+    """The cancel raised last has reached code that handles it: stop sending it again.
+
+    Call it where a :class:`CancelledError` is caught and acted on (deleting the job, exiting).
+    """
+    _latch.fired = None
 
 
 @contextlib.contextmanager
@@ -100,9 +168,31 @@ def handling() -> Iterator[None]:
     mine = install()
     try:
         yield
+    except CancelledError:
+        acknowledge()  # it got out: whoever called handles it
+        raise
     finally:
         if mine:
             uninstall()
+
+
+def entry_point(fn: F) -> F:
+    """Decorate a step's function: stop signals are handled from its first instruction on.
+
+    The handlers stay installed after it returns; a :class:`CancelledError` leaving it is
+    acknowledged (the step ends with it).
+    """
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        install()
+        try:
+            return fn(*args, **kwargs)
+        except CancelledError:
+            acknowledge()
+            raise
+
+    return run  # type: ignore[return-value]
 
 
 def installed() -> bool:
@@ -111,11 +201,13 @@ def installed() -> bool:
 
 
 @contextlib.contextmanager
-def _mode(mode: str) -> Iterator[None]:
+def _mode(mode: str, *, refuse_cancelled: bool = False) -> Iterator[None]:
     if not _active():
         yield
         return
     outer = _latch.mode
+    if refuse_cancelled and outer == RAISE and _latch.fired is not None:  # a lost cancel: do not start the work
+        raise _latch.deliver(_latch.fired)
     _latch.mode = mode
     try:
         yield
@@ -123,7 +215,7 @@ def _mode(mode: str) -> Iterator[None]:
         _latch.mode = outer
         if outer == RAISE and _latch.pending is not None:
             signum, _latch.pending = _latch.pending, None
-            raise cancelled(signum)
+            raise _latch.deliver(signum)
 
 
 def cancellable() -> contextlib.AbstractContextManager[None]:
@@ -135,8 +227,10 @@ def deferred() -> contextlib.AbstractContextManager[None]:
     """A stop signal is recorded inside and raised on leaving (when the outside is cancellable).
 
     For a request whose effect must be known: the create finishes, then the cancel deletes.
+    A cancel raised before and lost on the way (see the module notes) is raised on entering:
+    the request is not made.
     """
-    return _mode(RECORD)
+    return _mode(RECORD, refuse_cancelled=True)
 
 
 def shielded() -> contextlib.AbstractContextManager[None]:

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from .cli_inputs import add_input_flags, inputs_from_args, json_value
-from .errors import KfpTrainerError
+from .errors import CancelledError, KfpTrainerError
 
 
 def cmd_render(ns: argparse.Namespace) -> int:
@@ -263,6 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         return int(ns.func(ns) or 0)
     except KfpTrainerError as e:
+        if isinstance(e, CancelledError):
+            from . import cancel
+
+            cancel.acknowledge()  # the process ends with it: no need to send it again
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
 

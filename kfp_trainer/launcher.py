@@ -219,6 +219,8 @@ class Launcher:
                 self._announce(submission, outcome)
                 self._follow(outcome)
             except (CancelledError, TimeLimitError, CannotStartError) as e:
+                if isinstance(e, CancelledError):
+                    cancel.acknowledge()  # handled here: the watchdog stops sending it again
                 if submission is not None:
                     self.say(f"{type(e).__name__}: deleting TrainJob {submission.ref}")
                     self._delete(submission.ref)
@@ -239,6 +241,7 @@ class Launcher:
         try:
             return self.backend.submit(manifest)
         except CancelledError:
+            cancel.acknowledge()
             # The create request may have reached the server: find the job by name and lineage, delete it.
             reclaim = getattr(self.backend, "reclaim", None)
             if reclaim is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .. import naming
+from .. import cancel, naming
 from ..errors import UserError
 from .common import (
     copy_dir,
@@ -132,6 +132,7 @@ def normalize_values(inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 
+@cancel.entry_point  # first: from here on a KFP cancel ends with the TrainJob deleted or never created
 def run_train_job(
     *,
     inputs: dict[str, Any],
@@ -177,9 +178,6 @@ def run_train_job(
     Returns:
         The launcher's ``Outcome``.
     """
-    from .. import cancel
-
-    cancel.install()  # first: from here on a KFP cancel ends with the TrainJob deleted or never created
     from ..backends import select_backend
     from ..launcher import Launcher, LaunchOptions
     from ..report import outcome_data, render_html
