@@ -21,7 +21,9 @@ finalizer or a logging handler ("Exception ignored in ..."), and a library may c
 ``Exception``. So a raised cancel stays on record until the code that handles it calls
 :func:`acknowledge` (the launcher does, as it deletes the job; :func:`handling` does, when one
 leaves it); until then a watchdog thread sends the signal to the main thread again every
-:data:`REDELIVER_AFTER` seconds, which also wakes a blocking read.
+:data:`REDELIVER_AFTER` seconds, which also wakes a blocking read. A signal that arrives while a
+cancel is on its way out (in a ``finally`` or an ``except`` it passes through) raises nothing:
+the cleanup on its way runs to its end.
 
 Example:
     >>> install()                                 # doctest: +SKIP
@@ -34,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -70,6 +73,8 @@ class _Latch:
                 return
             signum = self.fired
         if self.mode == RAISE:
+            if isinstance(sys.exc_info()[1], CancelledError):  # one is on its way out (a finally, an except): let it go
+                return
             raise self.deliver(signum)
         if self.pending is None:
             self.pending = signum
@@ -215,7 +220,8 @@ def _mode(mode: str, *, refuse_cancelled: bool = False) -> Iterator[None]:
         _latch.mode = outer
         if outer == RAISE and _latch.pending is not None:
             signum, _latch.pending = _latch.pending, None
-            raise _latch.deliver(signum)
+            if not isinstance(sys.exc_info()[1], CancelledError):  # else the cancel on its way out stands for this one
+                raise _latch.deliver(signum)
 
 
 def cancellable() -> contextlib.AbstractContextManager[None]:

@@ -140,3 +140,31 @@ def test_a_cancel_lost_while_following_still_deletes_the_job():
         launcher.run(INPUTS)
     assert len(backend.deleted) == 1 and not backend.exists
     assert time.monotonic() - began < cancel.REDELIVER_AFTER + 3
+
+
+def test_a_cancel_on_its_way_out_is_not_raised_again_inside_the_cleanup_it_passes():
+    cleaned = []
+    with cancel.handling():
+        with pytest.raises(CancelledError):
+            try:
+                sigterm()
+            finally:
+                time.sleep(cancel.REDELIVER_AFTER * 3)  # a slow cleanup: redeliveries arrive here
+                sigterm()  # and a second signal from outside
+                cleaned.append(True)
+    assert cleaned == [True]
+
+
+def test_a_signal_recorded_during_a_cancels_cleanup_does_not_cut_the_rest_of_it():
+    said = []
+    with cancel.handling():
+        with pytest.raises(CancelledError):
+            try:
+                sigterm()
+            except CancelledError:
+                cancel.acknowledge()
+                with cancel.shielded():  # the deletion
+                    sigterm()
+                said.append("deleted")  # what the cleanup says after the deletion
+                raise
+    assert said == ["deleted"]
