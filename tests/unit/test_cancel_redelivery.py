@@ -55,7 +55,8 @@ def test_a_cancel_raised_inside_a_weakref_callback_is_raised_again(unraisable):
         del thing  # the callback runs; the cancel raised in it is dropped by Python
         gc.collect()
         assert ref() is None
-        assert [type(e) for e in unraisable] == [CancelledError]  # it was really lost once
+        # it was really lost (more than once when a redelivery lands in a finalizer that gc.collect runs)
+        assert unraisable and {type(e) for e in unraisable} == {CancelledError}
         assert blocked() < cancel.REDELIVER_AFTER + 2
 
 
