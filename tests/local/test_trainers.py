@@ -43,6 +43,12 @@ def _torchrun(nproc: int, module: str, *args: str, timeout: float = 240) -> subp
     )
 
 
+def _sft(model_dir: Path, dataset_dir: Path, output_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """The SFT trainer in one process, on the tiny model."""
+    dirs = ["--model-dir", str(model_dir), "--dataset-dir", str(dataset_dir), "--output-dir", str(output_dir)]
+    return _run(["-m", "kfp_trainer.trainers.sft", *dirs, *flags])
+
+
 def _json_lines(text: str) -> list[dict[str, Any]]:
     lines = []
     for line in text.splitlines():
@@ -249,17 +255,12 @@ def test_evaluate_cli(trained: tuple[Path, str], dataset_dir: Path, tmp_path: Pa
 
 
 def test_sft_single_process_without_launcher_stops_on_time_budget(model_dir: Path, dataset_dir: Path, tmp_path: Path) -> None:
-    proc = _run(
-        [
-            "-m", "kfp_trainer.trainers.sft",
-            "--model-dir", str(model_dir),
-            "--dataset-dir", str(dataset_dir),
-            "--output-dir", str(tmp_path),
-            "--max-steps", "100000",
-            "--time-budget-seconds", "2",
-            "--logging-steps", "2",
-            "--batch-size", "8",
-        ]
+    proc = _sft(
+        model_dir, dataset_dir, tmp_path,
+        "--max-steps", "100000",
+        "--time-budget-seconds", "2",
+        "--logging-steps", "2",
+        "--batch-size", "8",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = _json_lines(proc.stdout)
@@ -278,16 +279,11 @@ def test_sft_trains_on_through_several_epochs_to_max_steps(model_dir: Path, data
     small.mkdir()
     rows = (dataset_dir / "train.jsonl").read_text().splitlines()[:40]  # 5 steps per epoch at batch size 8
     (small / "train.jsonl").write_text("\n".join(rows) + "\n")
-    proc = _run(
-        [
-            "-m", "kfp_trainer.trainers.sft",
-            "--model-dir", str(model_dir),
-            "--dataset-dir", str(small),
-            "--output-dir", str(tmp_path / "out"),
-            "--max-steps", "12",
-            "--logging-steps", "2",
-            "--batch-size", "8",
-        ]
+    proc = _sft(
+        model_dir, small, tmp_path / "out",
+        "--max-steps", "12",
+        "--logging-steps", "2",
+        "--batch-size", "8",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = _json_lines(proc.stdout)
@@ -311,16 +307,11 @@ def test_sft_lora(model_dir: Path, dataset_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("peft")
     from kfp_trainer.trainers.evaluate import evaluate
 
-    proc = _run(
-        [
-            "-m", "kfp_trainer.trainers.sft",
-            "--model-dir", str(model_dir),
-            "--dataset-dir", str(dataset_dir),
-            "--output-dir", str(tmp_path),
-            "--max-steps", "4",
-            "--logging-steps", "2",
-            "--lora",
-        ]
+    proc = _sft(
+        model_dir, dataset_dir, tmp_path,
+        "--max-steps", "4",
+        "--logging-steps", "2",
+        "--lora",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     info = json.loads((tmp_path / "training_info.json").read_text())
@@ -337,15 +328,10 @@ def test_sft_lora_without_peft_fails_clearly(model_dir: Path, dataset_dir: Path,
         pass
     else:
         pytest.skip("peft is installed")
-    proc = _run(
-        [
-            "-m", "kfp_trainer.trainers.sft",
-            "--model-dir", str(model_dir),
-            "--dataset-dir", str(dataset_dir),
-            "--output-dir", str(tmp_path),
-            "--max-steps", "1",
-            "--lora",
-        ]
+    proc = _sft(
+        model_dir, dataset_dir, tmp_path,
+        "--max-steps", "1",
+        "--lora",
     )  # fmt: skip
     assert proc.returncode != 0
     assert "peft" in proc.stderr
