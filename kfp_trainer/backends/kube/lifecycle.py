@@ -36,6 +36,10 @@ from .watch import wait_gone
 log = logging.getLogger(__name__)
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 CREATE_TIMEOUT = (10, 20)  # a create is deferred against stop signals: keep it short
+# The Job controller can replace pods it saw go for a Job already deleted (its cache lags the
+# deletion): those orphans appear a moment after the last pod went, and the garbage collector
+# removes them. Once no pod is left, look again after this many seconds and wait for any such.
+POD_SETTLE = 1.0
 
 
 @dataclass(frozen=True)
@@ -329,6 +333,9 @@ class Lifecycle:
             keep = (lambda o: not ref.uid or o["metadata"].get("uid") == ref.uid) if kind == "TrainJob" else (lambda o: True)
             try:
                 still = wait_gone(self.api, path, selectors, timeout=max(0.0, deadline - time.monotonic()), keep=keep)
+                if kind == "Pod" and not still and deadline > time.monotonic():
+                    time.sleep(min(POD_SETTLE, deadline - time.monotonic()))
+                    still = wait_gone(self.api, path, selectors, timeout=max(0.0, deadline - time.monotonic()), keep=keep)
             except ForbiddenError as e:  # not allowed to look: cannot tell, say nothing wrong
                 log.info("cannot check the %ss of TrainJob %s: %s", kind, ref, e)
                 continue
