@@ -1,16 +1,21 @@
 """The ``kfp-trainer`` command line.
 
     kfp-trainer render --runtime torch-distributed --num-nodes 2 --run-id r1 --task-name train
-    kfp-trainer launch --runtime torch-distributed --image my/trainer:1 --command python,train.py
+    kfp-trainer launch --runtime torch-distributed --image my/trainer:1 --command torchrun,train.py
     kfp-trainer run pipelines/llm_finetune --local
     kfp-trainer gc [--namespace NS | --all-namespaces] [--older-than 24h] [--yes]
-    kfp-trainer compile [--check]
+    kfp-trainer compile [--check] [--output-dir DIR]
 
 ``render`` prints the TrainJob as YAML (a dry run to ``kubectl apply``); ``launch`` runs one
 TrainJob to its end on the current cluster (or locally with ``--local``); ``run`` runs a whole
 pipeline with ``kfp.local``; ``gc`` lists (and with ``--yes`` deletes) TrainJobs whose run or
 task is gone; ``compile`` regenerates the component and pipeline YAML and READMEs
-(``--check`` fails when they are stale).
+(``--check`` fails when they are stale). ``kfp-trainer COMMAND --help`` shows each one's flags.
+
+Exit codes: 0 done; 1 the TrainJob (or, for ``run``, a pipeline step) failed, or ``compile
+--check`` found stale files; 2 bad input, or refused by the cluster (RBAC, admission, 401/403);
+3 no cluster configured, or its API server unreachable (DNS, refused, TLS, timeout: said
+within seconds, in one line); 130 cancelled.
 """
 
 from __future__ import annotations
@@ -24,8 +29,51 @@ from typing import Any
 
 import yaml
 
-from .cli_inputs import add_input_flags, inputs_from_args, json_value
+from .cli_inputs import add_input_flags, inputs_from_args
+from .cli_run import task_outputs
 from .errors import CancelledError, KfpTrainerError
+
+__all__ = ["build_parser", "main", "task_outputs"]
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the descriptions' layout and ends every flag's help with its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not action.option_strings or action.default is argparse.SUPPRESS or "(default: " in text:
+            return text
+        if action.nargs == 0:
+            return f"{text} (default: off)"
+        if action.default is None or action.default == []:
+            return text if "when unset" in text else f"{text} (default: unset)"
+        return f"{text} (default: %(default)s)"
+
+
+class VersionAction(argparse.Action):
+    """``--version``: this package's version and those of the libraries it is pinned to."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        parser.exit(message=version_text() + "\n")
+
+
+def version_text() -> str:
+    """``kfp-trainer 0.1.0 (kfp 2.17.3, kubernetes 30.1.0, Python 3.11.9)``."""
+    import platform
+    from importlib import metadata
+
+    from . import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"kfp-trainer {__version__} (kfp {installed('kfp')}, kubernetes {installed('kubernetes')}, Python {platform.python_version()})"
 
 
 def cmd_render(ns: argparse.Namespace) -> int:
@@ -34,9 +82,10 @@ def cmd_render(ns: argparse.Namespace) -> int:
 
     inputs = inputs_from_args(ns)
     if ns.api_version == "auto":
+        from .backends.kube.connect import connect, kubeconfig_namespace
         from .backends.kubernetes import KubernetesBackend
 
-        backend = KubernetesBackend.from_config(ns.kubeconfig)
+        backend = KubernetesBackend(connect(ns.kubeconfig), namespace=kubeconfig_namespace(ns.kubeconfig))
         info = backend.resolve_runtime(inputs.model_copy(update={"namespace": inputs.namespace or backend.default_namespace()}))
         manifest = render(
             inputs, api_version=info.api_version, runtime_jobs=info.job_names, allow_host_access=info.allow_host_access,
@@ -60,9 +109,10 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
         backend: Any = LocalBackend()
     else:
+        from .backends.kube.connect import connect, kubeconfig_namespace
         from .backends.kubernetes import KubernetesBackend
 
-        backend = KubernetesBackend.from_config(ns.kubeconfig, api_version=ns.api_version)
+        backend = KubernetesBackend(connect(ns.kubeconfig), namespace=kubeconfig_namespace(ns.kubeconfig), api_version=ns.api_version)
     options = LaunchOptions(
         start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, queue_timeout=ns.queue_timeout, logs=ns.logs,
         delete_after_success=ns.delete_after_success,
@@ -73,186 +123,68 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     return 0
 
 
-def load_pipeline(target: str) -> tuple[Any, Any]:
-    """The pipeline defined in ``target`` (a ``pipeline.py`` or the folder holding one), and its module."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(target)
-    if path.is_dir():
-        path = path / "pipeline.py"
-    if not path.is_file():
-        raise SystemExit(f"error: no pipeline file at {path}")
-    spec = importlib.util.spec_from_file_location(f"kfp_trainer_pipeline_{path.parent.name}", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    from kfp.dsl.graph_component import GraphComponent
-
-    pipelines = [v for v in vars(module).values() if isinstance(v, GraphComponent)]
-    named = [p for p in pipelines if getattr(module, "PIPELINE", None) is p]
-    if named or len(pipelines) == 1:
-        return (named or pipelines)[0], module
-    raise SystemExit(f"error: {path} defines {len(pipelines)} pipelines; name the one to run PIPELINE")
-
-
-def _typed(text: str, kind: str, name: str) -> Any:
-    """A --param value as the type the pipeline declares (KFP rejects an int for a float)."""
-    try:
-        if kind == "String":
-            return text
-        if kind == "Integer":
-            return int(text)
-        if kind == "Float":
-            return float(text)
-        if kind == "Boolean":
-            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(text)
-            return text.lower() in ("true", "1", "yes")
-    except ValueError:
-        raise SystemExit(f"--param {name}={text!r}: expected a {kind.lower()}") from None
-    return json_value(text)
-
-
-def cmd_run(ns: argparse.Namespace) -> int:
-    """Run a whole pipeline with kfp.local on this machine (the local TrainJob backend)."""
-    import os
-    import tempfile
-    import time
-    from pathlib import Path
-
-    if not ns.local:
-        raise SystemExit("error: only --local runs are supported here; upload the compiled YAML to KFP for cluster runs")
-    pipeline, module = load_pipeline(ns.pipeline)
-    declared = {name: getattr(spec, "type", "") for name, spec in (pipeline.component_spec.inputs or {}).items()}
-    params = {}
-    for item in ns.param or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--param {item!r}: expected name=value")
-        if key not in declared:
-            raise SystemExit(f"--param {key}: the pipeline has no such parameter; it has {', '.join(sorted(declared))}")
-        params[key] = _typed(value, declared[key], key)
-    import kfp.local
-
-    out = Path(ns.output or Path("out") / f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    # kfp.local deletes the workspace root when the run ends: always a fresh folder of our own.
-    workspace = Path(tempfile.mkdtemp(prefix="kfp-trainer-workspace-"))
-    os.environ["KFP_TRAINER_BACKEND"] = "local"
-    os.environ.setdefault("KFP_TRAINER_LOCAL_ROOT", str(out / "trainjobs"))
-    kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "artifacts"), workspace_root=str(workspace))
-    started = time.monotonic()
-    print(f"[kfp-trainer] running pipeline {pipeline.name} locally; outputs in {out}", flush=True)
-    pipeline(**params)
-    print(f"[kfp-trainer] pipeline {pipeline.name} finished in {time.monotonic() - started:.0f}s", flush=True)
-    outputs = task_outputs(out / "artifacts")
-    print(summarize_outputs(outputs, getattr(module, "TASK_LABELS", None)))
-    compare = getattr(module, "COMPARE", None)
-    if compare:
-        print(before_after(outputs, labels=getattr(module, "TASK_LABELS", None), **compare))
-    return 0
-
-
-def task_outputs(root: Any) -> list[tuple[str, dict[str, Any]]]:
-    """``(task, executor output)`` of each task of a kfp.local run under ``root``, in finishing order."""
-    from pathlib import Path
-
-    runs = [p for p in Path(root).iterdir() if p.is_dir()] if Path(root).is_dir() else []
-    paths = sorted((p for run in runs for p in run.rglob("executor_output.json")), key=lambda p: p.stat().st_mtime)
-    # a task inside a ParallelFor is named by its iteration too: for-loop-1-iteration-0/train-job
-    return [(path.parent.relative_to(run).as_posix(), json.loads(path.read_text())) for run in runs for path in paths
-            if run in path.parents]
-
-
-def summarize_outputs(outputs: list[tuple[str, dict[str, Any]]], labels: dict[str, str] | None = None) -> str:
-    """What a local run produced, per task: metrics, verdicts, models, reports.
-
-    ``outputs`` comes from :func:`task_outputs`; ``labels`` names tasks for people
-    (e.g. ``{"evaluate-model": "base model"}``).
-    """
-    from pathlib import Path
-
-    labels = labels or {}
-    lines = []
-    for task, data in outputs:
-        label = labels.get(task) or labels.get(task.rsplit("/", 1)[-1])
-        shown = f"{task} ({label})" if label else task
-        for name, value in (data.get("parameterValues") or {}).items():
-            lines.append(f"  {shown:<40} {name} = {value}")
-        for name, group in (data.get("artifacts") or {}).items():
-            for artifact in group.get("artifacts") or []:
-                metadata = artifact.get("metadata") or {}
-                if "metrics" in name:
-                    numbers = ", ".join(f"{k}={v:.4g}" for k, v in metadata.items() if isinstance(v, (int, float)))
-                    lines.append(f"  {shown:<40} {name}: {numbers}")
-                elif Path(artifact.get("uri", "")).exists():
-                    lines.append(f"  {shown:<40} {name}: {artifact['uri']}")
-    return "Outputs:\n" + "\n".join(lines) if lines else "No task outputs"
-
-
-def before_after(
-    outputs: list[tuple[str, dict[str, Any]]], *, metric: str, before: str, after: str, labels: dict[str, str] | None = None
-) -> str:
-    """One line comparing ``metric`` of two tasks' Metrics outputs (e.g. base vs fine-tuned)."""
-    values = {}
-    for task, data in outputs:
-        if task in (before, after):
-            for group in (data.get("artifacts") or {}).values():
-                for artifact in group.get("artifacts") or []:
-                    if metric in (artifact.get("metadata") or {}):
-                        values[task] = artifact["metadata"][metric]
-    if len(values) < 2:
-        return f"{metric}: not found in the outputs of {before} and {after}"
-    name = {task: (labels or {}).get(task, task) for task in (before, after)}
-    change = values[after] - values[before]
-    return f"{metric}: {name[before]} {values[before]:.3f} -> {name[after]} {values[after]:.3f} ({change:+.3f})"
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kfp-trainer``."""
-    parser = argparse.ArgumentParser(prog="kfp-trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command_name", required=True)
+    parser = argparse.ArgumentParser(prog="kfp-trainer", description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action=VersionAction, help="print the version (and those of kfp and kubernetes) and exit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens at INFO level")
+    sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+    kubeconfig_help = "kubeconfig file; $KUBECONFIG, else ~/.kube/config, else the pod's service account when unset"
 
-    render = sub.add_parser("render", help="print the TrainJob manifest (dry run)")
+    render = sub.add_parser("render", help="print the TrainJob manifest (dry run)", formatter_class=HelpFormatter,
+                            description="Print the TrainJob a set of inputs renders to, as YAML (a dry run to kubectl apply).")  # fmt: skip
     add_input_flags(render)
-    render.add_argument("--api-version", default="v2.2", choices=["v2.1", "v2.2", "auto"], help="auto: ask the cluster")
-    render.add_argument("--kubeconfig")
+    render.add_argument(
+        "--api-version", default="v2.2", choices=["v2.1", "v2.2", "auto"],
+        help="Trainer API to render for (v2.1: podTemplateOverrides; v2.2+: runtimePatches); auto asks the cluster",
+    )  # fmt: skip
+    render.add_argument("--kubeconfig", metavar="PATH", help=kubeconfig_help + " (read only with --api-version auto)")
     render.set_defaults(func=cmd_render)
 
-    launch = sub.add_parser("launch", help="run one TrainJob to its end")
+    launch = sub.add_parser("launch", help="run one TrainJob to its end", formatter_class=HelpFormatter,
+                            description="Run one TrainJob to its end on the cluster (or --local on this machine), "
+                            "streaming the trainer's log; a stop signal deletes it.")  # fmt: skip
     add_input_flags(launch)
-    launch.add_argument("--api-version", default="auto", choices=["v2.1", "v2.2", "auto"])
-    launch.add_argument("--kubeconfig")
-    launch.add_argument("--local", action="store_true", help="run on this machine instead of a cluster")
-    launch.add_argument("--start-timeout", type=float, default=3600.0)
-    launch.add_argument("--run-timeout", type=float, default=0.0)
-    launch.add_argument("--queue-timeout", type=float, default=0.0, help="seconds the job may wait suspended in its queue")
-    launch.add_argument("--logs", default="0", help="trainer node index, 'all' or 'none'")
-    launch.add_argument("--delete-after-success", action="store_true")
+    launch.add_argument(
+        "--api-version", default="auto", choices=["v2.1", "v2.2", "auto"], help="Trainer API to render for; auto asks the cluster"
+    )
+    launch.add_argument("--kubeconfig", metavar="PATH", help=kubeconfig_help)
+    launch.add_argument("--local", action="store_true", help="run on this machine (the local TrainJob backend) instead of a cluster")
+    launch.add_argument(
+        "--start-timeout", type=float, default=3600.0, metavar="SECONDS",
+        help="seconds the job may take to start (scheduling, image pulls), not counting time queued; 0: no limit",
+    )  # fmt: skip
+    launch.add_argument(
+        "--run-timeout", type=float, default=0.0, metavar="SECONDS", help="seconds the trainer may run once started; 0: no limit"
+    )
+    launch.add_argument("--queue-timeout", type=float, default=0.0, metavar="SECONDS",
+                        help="seconds the job may wait suspended in its queue (Kueue); 0: no limit")  # fmt: skip
+    launch.add_argument("--logs", default="0", metavar="WHICH", help="trainer node whose log is streamed (0, 1, ...), all, or none")
+    launch.add_argument("--delete-after-success", action="store_true", help="delete the TrainJob once it succeeded")
     launch.set_defaults(func=cmd_launch)
 
-    run = sub.add_parser("run", help="run a pipeline (folder or pipeline.py) locally with kfp.local")
-    run.add_argument("pipeline")
-    run.add_argument("--local", action="store_true", help="run on this machine with the local TrainJob backend")
-    run.add_argument("--param", action="append", metavar="NAME=VALUE", help="pipeline parameter (repeatable)")
-    run.add_argument("--output", help="folder for artifacts and local TrainJobs (default: out/<pipeline>-<time>)")
-    run.set_defaults(func=cmd_run)
-
+    from .cli_run import add_parser as add_run_parser
     from .gc import add_parser as add_gc_parser
 
-    add_gc_parser(sub)
+    add_run_parser(sub, HelpFormatter)
+    add_gc_parser(sub, HelpFormatter)
+    add_compile_parser(sub)
     return parser
+
+
+def add_compile_parser(sub: Any) -> None:
+    """Register ``compile``; its flags are :func:`kfp_trainer.compile.add_arguments` (kfp is imported only when it runs)."""
+    from . import compile as gen
+
+    compile_ = sub.add_parser("compile", help="regenerate the components' and pipelines' YAML and READMEs",
+                              description=gen.__doc__, formatter_class=HelpFormatter)  # fmt: skip
+    gen.add_arguments(compile_)
+    compile_.set_defaults(func=gen.run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kfp-trainer`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["compile"]:  # the generator has its own flags
-        from .compile import main as compile_main
-
-        return compile_main(args[1:])
     try:
         if args[:1] == ["launch"]:  # from here on a stop signal ends with the job deleted or never created
             from . import cancel

@@ -101,30 +101,119 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else str(problem)
 
 
+# Help of each input flag: what it sets (the train_job component's input descriptions, shortened).
+HELP = {
+    "name": "TrainJob name; derived from the run id, task name and inputs when unset",
+    "name_prefix": "prefix of the derived TrainJob name",
+    "namespace": "namespace of the TrainJob; the kubeconfig context's (or the pod's) when unset",
+    "run_id": "run id, for a stable TrainJob name and lineage labels (a KFP run's id in a pipeline)",
+    "task_name": "task name, for a stable TrainJob name and lineage labels",
+    "pipeline_name": "pipeline run name, for lineage labels",
+    "runtime": "name of the ClusterTrainingRuntime or TrainingRuntime to use",
+    "runtime_kind": "ClusterTrainingRuntime, or TrainingRuntime (in the job's namespace)",
+    "image": "trainer image; the runtime's image when unset",
+    "dataset_uri": "dataset for the runtime's dataset initializer (hf://, s3://; with --local also builtin://, file://)",
+    "dataset_secret": "Secret (by name) with the dataset initializer's credentials",
+    "model_uri": "model for the runtime's model initializer (hf://, s3://; with --local also builtin://, file://)",
+    "model_secret": "Secret (by name) with the model initializer's credentials",
+    "service_account": "service account of the trainer pods",
+    "queue_name": "Kueue LocalQueue to submit to",
+    "managed_by": "who runs the job: the Trainer when unset, or kueue.x-k8s.io/multikueue (needs --queue-name)",
+    "num_nodes": "number of trainer nodes; the runtime's when unset",
+    "active_deadline_seconds": "server-side limit on the job's run time in seconds (Trainer v2.2+); none when unset",
+    "termination_grace_period_seconds": "seconds the trainer pods get to stop after SIGTERM (Trainer v2.3+); the runtime's when unset",
+    "resources_per_node": "resources of each node, e.g. '{\"limits\": {\"nvidia.com/gpu\": 1}}'",
+    "labels": "labels of the TrainJob and its JobSet (a map)",
+    "annotations": "annotations of the TrainJob's JobSet (a map)",
+    "pod_labels": "labels of the trainer pods (a map)",
+    "pod_annotations": "annotations of the trainer pods (a map)",
+    "volumes": "extra volumes of the trainer pods (a list of Kubernetes volumes)",
+    "volume_mounts": "extra volume mounts of the trainer container (a list)",
+    "node_selector": "node selector of the trainer pods (a map)",
+    "tolerations": "tolerations of the trainer pods (a list)",
+    "affinity": "affinity of the trainer pods (a map)",
+    "patch": "raw merge patch applied to the rendered TrainJob (expert use; checked again after merging)",
+    "dataset_env": "extra environment of the dataset initializer (a map)",
+    "model_env": "extra environment of the model initializer (a map)",
+    "security_context": "pod security context of the trainer pods (Trainer v2.2+)",
+    "container_security_context": "security context of the trainer container (Trainer v2.2+)",
+    "init_containers": "env, volumeMounts and securityContext for the runtime's init containers, by name (a list)",
+}
+LIST_HELP = (
+    ": a JSON list, or plain items separated by commas; an item that holds a comma needs the JSON list "
+    "(a comma inside brackets or quotes is refused), and a value that starts with a dash needs the = form ({flag}=-x,...)"
+)
+
+
+def _with_default(field: str) -> str:
+    """The help of an input flag, with the input's own default when it has one (the flag's is None: "not given")."""
+    default = TrainJobInputs.model_fields[field].get_default(call_default_factory=True)
+    return HELP[field] + (f" (default: {default})" if default not in ("", None) else "")
+
+
 def add_input_flags(parser: argparse.ArgumentParser) -> None:
-    """Add a flag per TrainJob input (and ``--inputs-file``) to ``parser``."""
+    """Add a flag per TrainJob input (and ``--inputs-file``) to ``parser``, each with its help."""
     group = parser.add_argument_group("TrainJob inputs (same names as the train_job component's)")
     for field in _SIMPLE:
-        group.add_argument("--" + field.replace("_", "-"), dest=field)
+        group.add_argument("--" + field.replace("_", "-"), dest=field, help=_with_default(field))
     for field in _INT:
-        group.add_argument("--" + field.replace("_", "-"), dest=field, type=_whole_number, metavar="N")
+        group.add_argument("--" + field.replace("_", "-"), dest=field, type=_whole_number, metavar="N", help=HELP[field])
     for field in _JSON:
-        group.add_argument("--" + field.replace("_", "-"), dest=field, type=json_value, metavar="JSON")
-    group.add_argument("--num-proc-per-node", dest="num_proc_per_node")
-    group.add_argument("--command", dest="command", help="comma-separated, or a JSON list")
-    group.add_argument("--args", dest="args", help="comma-separated, or a JSON list")
-    group.add_argument("--env", dest="env", action="append", metavar="NAME=VALUE", help="repeatable")
-    group.add_argument("--image-pull-secrets", dest="image_pull_secrets", help="comma-separated")
-    group.add_argument("--scheduling-gates", dest="scheduling_gates", help="comma-separated, or a JSON list")
-    group.add_argument("--suspend", action="store_true", default=None)
-    group.add_argument("--inputs-file", help="YAML/JSON file of inputs; flags override it")
+        group.add_argument("--" + field.replace("_", "-"), dest=field, type=json_value, metavar="JSON", help=HELP[field] + ", JSON or YAML")
+    group.add_argument(
+        "--num-proc-per-node", dest="num_proc_per_node", metavar="N",
+        help="processes per node (a whole number; Trainer v2.1 also takes auto, cpu, gpu); the runtime's when unset",
+    )  # fmt: skip
+    command_help = "trainer command, the runtime's when unset" + LIST_HELP.format(flag="--command")
+    group.add_argument("--command", dest="command", metavar="LIST", help=command_help)
+    group.add_argument("--args", dest="args", metavar="LIST", help="trainer arguments" + LIST_HELP.format(flag="--args"))
+    group.add_argument("--env", dest="env", action="append", metavar="NAME=VALUE",
+                       help="trainer environment variable, repeatable (credentials: by Secret, never a value)")  # fmt: skip
+    group.add_argument("--image-pull-secrets", dest="image_pull_secrets", metavar="NAMES",
+                       help="names of the trainer pods' image pull secrets, comma-separated")  # fmt: skip
+    group.add_argument("--scheduling-gates", dest="scheduling_gates", metavar="NAMES",
+                       help="scheduling gate names of the trainer pods, comma-separated or a JSON list")  # fmt: skip
+    group.add_argument("--suspend", action="store_true", default=None, help="create the TrainJob suspended (for a queue to admit)")
+    group.add_argument("--inputs-file", metavar="PATH", help="YAML/JSON file of inputs (a map of input names); flags override it")
+
+
+# A comma inside one of these belongs to one item (code, a list value): splitting there would cut the item.
+_PAIRS = {"(": ")", "[": "]", "{": "}"}
+_QUOTES = ("'", '"')
+
+
+def cuts_a_pair(part: str) -> bool:
+    """Whether ``part`` holds an unbalanced bracket or quote: the sign that a comma split one item.
+
+    Example:
+        >>> [cuts_a_pair(p) for p in "python,-c,print(1,2)".split(",")]
+        [False, False, True, True]
+    """
+    if any(part.count(quote) % 2 for quote in _QUOTES):
+        return True
+    closing = {v: k for k, v in _PAIRS.items()}
+    depth = dict.fromkeys(_PAIRS, 0)
+    for char in part:
+        if char in _PAIRS:
+            depth[char] += 1
+        elif char in closing:
+            depth[closing[char]] -= 1
+            if depth[closing[char]] < 0:
+                return True
+    return any(depth.values())
 
 
 def _split(flag: str, text: str | None) -> list[str] | None:
     if text is None:
         return None
     if not text.startswith("["):
-        return [part for part in text.split(",") if part]
+        parts = [part for part in text.split(",") if part]
+        if len(parts) > 1 and any(cuts_a_pair(part) for part in parts):
+            raise UserError(
+                f"--{flag} {redact_text(text)!r}: a comma stands inside brackets or quotes, so splitting at commas would cut an "
+                f"item in two; give a JSON list instead, e.g. --{flag} '[\"python\", \"-c\", \"print(1, 2)\"]'"
+            )
+        return parts
     try:
         items = json.loads(text)
     except (ValueError, RecursionError):

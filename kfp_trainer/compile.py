@@ -5,8 +5,12 @@
     kfp-trainer compile --check         # exit 1 listing stale or missing files; write nothing
     kfp-trainer compile --base-image IMG --trainer-image IMG2   # images you built (make images REGISTRY=...)
     kfp-trainer compile --storage-class nfs-client              # the pipelines' workspace PVC storage class
+    kfp-trainer compile --output-dir build/                     # write there instead (an installed package must)
 
-Output is deterministic: the same sources give byte-identical files.
+Run from a source checkout it writes into the checkout; an installed package (site-packages)
+has no checkout to write into, so there it needs ``--output-dir`` and writes the components'
+YAML and READMEs only (the sample pipelines live in the repository). Output is
+deterministic: the same sources give byte-identical files.
 """
 
 from __future__ import annotations
@@ -181,10 +185,28 @@ def components_index(names: list[str], comps: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def source_checkout(root: Path = REPO) -> Path | None:
+    """``root`` when it is a source checkout of this project (editable install, ``PYTHONPATH``), else ``None``.
+
+    An installed package sits in ``site-packages``, whose parent folder is no place to write to.
+    """
+    markers = (root / "pyproject.toml", root / "kfp_trainer" / "compile.py", root / "components", root / "pipelines")
+    return root if all(m.exists() for m in markers) else None
+
+
 def generate(
-    root: Path = REPO, *, base_image: str | None = None, trainer_image: str | None = None, storage_class: str | None = None
+    root: Path = REPO,
+    *,
+    base_image: str | None = None,
+    trainer_image: str | None = None,
+    storage_class: str | None = None,
+    pipelines: bool = True,
 ) -> dict[Path, str]:
-    """Every generated file's path and content, with the given images and workspace storage class."""
+    """Every generated file's path under ``root`` and its content, with the given images and workspace storage class.
+
+    ``pipelines``: also compile the sample pipelines of the source checkout (:data:`REPO`'s
+    ``pipelines/``, or ``root``'s when it has them).
+    """
     from . import components as comps
 
     files: dict[Path, str] = {}
@@ -192,9 +214,10 @@ def generate(
         files[root / "components" / name / "component.yaml"] = _compile_to_text(component)
         files[root / "components" / name / "README.md"] = component_readme(name, component)
     files[root / "components" / "README.md"] = components_index(list(comps.COMPONENTS), comps.COMPONENTS)
-    for folder, module in _pipeline_modules(root).items():
+    source = root if (root / "pipelines").is_dir() else REPO
+    for folder, module in (_pipeline_modules(source) if pipelines else {}).items():
         text = _compile_to_text(module.pipeline)
-        files[folder / "pipeline.yaml"] = set_storage_class(text, storage_class) if storage_class else text
+        files[root / "pipelines" / folder.name / "pipeline.yaml"] = set_storage_class(text, storage_class) if storage_class else text
     swaps = image_swaps(base_image, trainer_image)
     return {path: _swap(text, swaps) for path, text in files.items()}
 
@@ -204,36 +227,69 @@ def stale(files: dict[Path, str]) -> list[Path]:
     return [p for p, text in files.items() if not p.is_file() or p.read_text() != text]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``kfp-trainer compile``.
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``kfp-trainer compile``."""
+    parser.add_argument("--check", action="store_true", help="only check that the generated files are up to date; write nothing")
+    parser.add_argument("--base-image", metavar="IMAGE", help="image of the launcher components; the published one when unset")
+    parser.add_argument("--trainer-image", metavar="IMAGE", help="image of the steps that load models; the published one when unset")
+    parser.add_argument(
+        "--storage-class", help="storage class of the pipelines' workspace PVC (KFP 2.15/2.16 without an admin default); none when unset"
+    )
+    parser.add_argument(
+        "-o", "--output-dir", type=Path, metavar="DIR",
+        help="write components/ (and, from a source checkout, pipelines/) under DIR; the source checkout when unset "
+        "(an installed package has none and needs this flag)",
+    )  # fmt: skip
+    parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
+
+
+def run(ns: argparse.Namespace) -> int:
+    """``kfp-trainer compile`` with parsed flags.
 
     Returns:
         0 on success; 1 when ``--check`` finds stale files.
+
+    Raises:
+        UserError: No ``--output-dir`` outside a source checkout, or a bad flag value.
     """
-    parser = argparse.ArgumentParser(prog="kfp-trainer compile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="only check that the generated files are up to date")
-    parser.add_argument("--base-image", help="image of the launcher components (default: the published one)")
-    parser.add_argument("--trainer-image", help="image of the steps that load models (default: the published one)")
-    parser.add_argument(
-        "--storage-class", help="storage class of the pipelines' workspace PVC (needed by KFP 2.15/2.16 without an admin default)"
-    )
-    parser.add_argument("--root", type=Path, default=REPO, help=argparse.SUPPRESS)
-    ns = parser.parse_args(argv)
+    from .errors import UserError
+
+    checkout = ns.root or source_checkout()
+    out = ns.output_dir or checkout
+    if out is None:
+        raise UserError(
+            f"kfp-trainer compile: this kfp-trainer is an installed package ({Path(__file__).parent}), not a source checkout, "
+            "and writes nothing next to it; give --output-dir DIR (e.g. --output-dir .) for the components' YAML and READMEs"
+        )
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output-dir {out}: not a folder")
     try:
-        files = generate(ns.root, base_image=ns.base_image, trainer_image=ns.trainer_image, storage_class=ns.storage_class)
+        files = generate(out, base_image=ns.base_image, trainer_image=ns.trainer_image, storage_class=ns.storage_class,
+                         pipelines=checkout is not None)  # fmt: skip
     except ValueError as e:
-        parser.error(str(e))
+        raise UserError(str(e)) from None
     if ns.check:
         bad = stale(files)
         for path in bad:
-            print(f"stale: {path.relative_to(ns.root)} (run: kfp-trainer compile)", file=sys.stderr)
+            print(f"stale: {path.relative_to(out)} (run: kfp-trainer compile)", file=sys.stderr)
         return 1 if bad else 0
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
-            print(f"wrote {path.relative_to(ns.root)}")
+            print(f"wrote {path.relative_to(out) if ns.output_dir is None else path}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``kfp-trainer compile`` (the same as ``python -m kfp_trainer.compile``).
+
+    Returns:
+        The command's exit code: 0, 1 when ``--check`` finds stale files, 2 on bad input.
+    """
+    from .cli import main as cli_main
+
+    return cli_main(["compile", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

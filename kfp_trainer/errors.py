@@ -113,3 +113,12 @@ class InfraError(KfpTrainerError):
 
 class DeletionTimeoutError(InfraError):
     """A TrainJob that had to go first (an earlier try's) was still there when waiting ended."""
+
+
+class ClusterUnreachableError(KfpTrainerError):
+    """No cluster is configured, or its API server cannot be reached (DNS, refused, TLS, timeout).
+
+    Raised by the command line's first contact, which is not retried: a person waits for it.
+    """
+
+    exit_code = EXIT_INFRA

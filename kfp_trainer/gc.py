@@ -202,33 +202,38 @@ def table(candidates: list[Candidate]) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows)
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, formatter: Any = argparse.RawDescriptionHelpFormatter) -> None:
     """Register ``gc`` on the CLI's subparsers."""
     gc = sub.add_parser(
         "gc",
         help="find (and with --yes delete) TrainJobs kfp-trainer left behind",
         description=(__doc__ or "").split("Example:")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=formatter,
     )
     where = gc.add_mutually_exclusive_group()
-    where.add_argument("-n", "--namespace", help="look in this namespace (default: the kubeconfig context's)")
+    where.add_argument("-n", "--namespace", help="look in this namespace; the kubeconfig context's when unset")
     where.add_argument("-A", "--all-namespaces", action="store_true", help="look in every namespace")
-    gc.add_argument("--older-than", type=str, metavar="AGE", help="also collect any job older than this (e.g. 24h, 7d)")
-    gc.add_argument("--yes", action="store_true", help="delete what is listed (default: only list it)")
-    gc.add_argument("--dry-run", action="store_true", help="only list (the default; wins over --yes)")
+    gc.add_argument(
+        "--older-than", type=str, metavar="AGE", help="also collect any job older than this (e.g. 24h, 7d); no age limit when unset"
+    )
+    gc.add_argument("--yes", action="store_true", help="delete what is listed (otherwise only list it)")
+    gc.add_argument("--dry-run", action="store_true", help="only list, even with --yes")
     gc.add_argument("--all", action="store_true", help="also list the jobs that are not garbage")
-    gc.add_argument("--kubeconfig")
+    gc.add_argument(
+        "--kubeconfig", metavar="PATH", help="kubeconfig file; $KUBECONFIG, else ~/.kube/config, else the pod's service account when unset"
+    )
     gc.set_defaults(func=run)
 
 
 def run(ns: argparse.Namespace) -> int:
     """The ``gc`` command."""
-    from .backends.kube.discovery import default_namespace, load_api_client
+    from .backends.kube.connect import connect, kubeconfig_namespace
+    from .backends.kube.discovery import default_namespace
 
     older = parse_age(ns.older_than) if ns.older_than else None
-    api = load_api_client(ns.kubeconfig)
+    api = connect(ns.kubeconfig)
     collector = Collector(api, older_than=older)
-    namespace = None if ns.all_namespaces else (ns.namespace or default_namespace())
+    namespace = None if ns.all_namespaces else (ns.namespace or kubeconfig_namespace(ns.kubeconfig) or default_namespace())
     found = [collector.inspect(job) for job in collector.trainjobs(namespace)]
     garbage = [c for c in found if c.garbage]
     shown = found if ns.all else garbage

@@ -1,0 +1,176 @@
+"""Reaching the API server from the command line: the kubeconfig, then one connection, each failure one line.
+
+The launcher retries transient API errors patiently (an API server that restarts mid-run is
+routine). A command typed at a terminal must not: when the cluster cannot be reached at all it
+should say so in seconds. :func:`connect` loads the client configuration and opens one
+connection to the API server -- DNS, TCP and the TLS handshake, no HTTP request -- and hands
+that connection to the client's pool, where the first request reuses it: no request is added
+and nothing is retried. Each failure is one :class:`~kfp_trainer.errors.ClusterUnreachableError`
+(exit code 3) or, for a kubeconfig that cannot be used, one
+:class:`~kfp_trainer.errors.UserError` (exit code 2), naming the server and what to check.
+
+Example:
+    >>> api = connect("~/.kube/config")   # doctest: +SKIP
+    >>> connect("/tmp/refused.kubeconfig")  # doctest: +SKIP
+    Traceback (most recent call last):
+    ...
+    kfp_trainer.errors.ClusterUnreachableError: cannot reach the API server https://127.0.0.1:1 (...): connection refused ...
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import ssl
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+from kubernetes import client, config
+from kubernetes.client import ApiClient
+
+from ...errors import ClusterUnreachableError, UserError
+
+CONNECT_TIMEOUT = 10.0
+_LOCAL_HINT = "(`--local` runs on this machine without a cluster)"
+
+
+def kubeconfig_files(kubeconfig: str | None = None) -> list[Path]:
+    """The kubeconfig files the client would read: ``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``."""
+    if kubeconfig:
+        return [Path(kubeconfig).expanduser()]
+    listed = [Path(p).expanduser() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    return listed or [Path("~/.kube/config").expanduser()]
+
+
+def load_client(kubeconfig: str | None = None) -> tuple[ApiClient, str]:
+    """An API client (the pod's service account, else a kubeconfig) and where its settings came from.
+
+    Raises:
+        UserError: ``--kubeconfig`` names a file that does not exist, or a kubeconfig that cannot be used.
+        ClusterUnreachableError: No cluster is configured at all.
+    """
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            config.load_incluster_config()
+        except config.ConfigException as e:
+            raise ClusterUnreachableError(f"cannot use this pod's service account to reach the cluster: {e}") from None
+        return ApiClient(), "the pod's service account"
+    files = kubeconfig_files(kubeconfig)
+    if kubeconfig and not files[0].is_file():
+        raise UserError(f"--kubeconfig {kubeconfig}: no such file")
+    present = [p for p in files if p.is_file()]
+    if not present:
+        where = "$KUBECONFIG (" + os.environ["KUBECONFIG"] + ")" if os.environ.get("KUBECONFIG") else "~/.kube/config"
+        raise ClusterUnreachableError(
+            f"no cluster configured: no kubeconfig at {where}; give --kubeconfig PATH or set KUBECONFIG {_LOCAL_HINT}"
+        )
+    source = f"kubeconfig {os.pathsep.join(str(p) for p in present)}"
+    configuration = client.Configuration()
+    try:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise UserError(f"{source}: not valid YAML{where}") from None
+    except (config.ConfigException, OSError, ValueError, TypeError, KeyError) as e:
+        raise UserError(f"{source}: cannot be used: {_one_line(str(e) or type(e).__name__)}") from None
+    return ApiClient(configuration), source
+
+
+def kubeconfig_namespace(kubeconfig: str | None) -> str | None:
+    """The namespace of ``--kubeconfig``'s current context (``default`` when it names none); ``None`` without the flag.
+
+    Without ``--kubeconfig`` the backend's own default applies (the pod's namespace, else
+    ``$KUBECONFIG``'s or ``~/.kube/config``'s context).
+    """
+    if not kubeconfig:
+        return None
+    try:
+        _, active = config.list_kube_config_contexts(config_file=str(Path(kubeconfig).expanduser()))
+    except (config.ConfigException, OSError, TypeError, ValueError, yaml.YAMLError):
+        return "default"
+    return ((active or {}).get("context") or {}).get("namespace") or "default"
+
+
+def connect(kubeconfig: str | None = None, *, timeout: float = CONNECT_TIMEOUT) -> ApiClient:
+    """An API client whose first connection to the API server is already open.
+
+    Raises:
+        UserError: A kubeconfig that cannot be used.
+        ClusterUnreachableError: No cluster configured, or its API server cannot be reached within ``timeout``.
+    """
+    api, source = load_client(kubeconfig)
+    open_connection(api, source=source, timeout=timeout)
+    return api
+
+
+def open_connection(api: ApiClient, *, source: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Open one connection (DNS, TCP, TLS) to the API server and leave it in the client's pool for the first request.
+
+    Raises:
+        ClusterUnreachableError: What failed, in one line.
+    """
+    host = api.configuration.host
+    try:
+        pool = api.rest_client.pool_manager.connection_from_url(host)
+        conn = pool._get_conn()  # a fresh or idle connection of the pool the first request will use
+    except Exception as e:  # noqa: BLE001 -- an address urllib3 cannot even parse
+        raise ClusterUnreachableError(f"cannot reach the API server {host!r} ({source}): {_one_line(str(e))}") from None
+    conn.timeout = timeout
+    try:
+        conn.connect()
+    except BaseException as e:
+        conn.close()
+        pool._put_conn(None)  # the pool's free slot goes back
+        if isinstance(e, Exception):
+            raise ClusterUnreachableError(f"cannot reach the API server {host} ({source}): {why_unreachable(e, host, timeout)}") from None
+        raise
+    pool._put_conn(conn)
+
+
+def why_unreachable(error: BaseException, host: str, timeout: float) -> str:
+    """What a connection failure means for a user, and what to check.
+
+    Example:
+        >>> why_unreachable(ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), "https://127.0.0.1:1", 10)
+        'connection refused: nothing listens there (is the cluster running? is the server address right?)'
+    """
+    hostname = urlsplit(host).hostname or host
+    cause = _root(error)
+    code = getattr(cause, "errno", None)
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        reason = getattr(cause, "verify_message", "") or getattr(cause, "reason", "") or str(cause)
+        return (
+            f"TLS certificate not trusted ({reason}): the kubeconfig's certificate-authority(-data) is not the one "
+            "that signed the server's certificate, or the address is not the cluster's"
+        )
+    if isinstance(cause, ssl.SSLError):
+        return f"TLS handshake failed ({getattr(cause, 'reason', None) or _one_line(str(cause))}): is the address an API server?"
+    if isinstance(cause, (TimeoutError, OSError)) and "timed out" in str(cause).lower() or code == errno.ETIMEDOUT:
+        return f"no answer within {timeout:g} s (is the address reachable from here: VPN, firewall, proxy?)"
+    if code == errno.ECONNREFUSED or isinstance(cause, ConnectionRefusedError):
+        return "connection refused: nothing listens there (is the cluster running? is the server address right?)"
+    if "resolve" in str(error).lower() or (isinstance(cause, OSError) and code is not None and code < 0):
+        return f"the host name {hostname!r} does not resolve (is the server address right? a VPN or DNS problem?)"
+    if code in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+        return "no route to the host (is the address reachable from here: VPN, firewall?)"
+    if isinstance(cause, OSError) and cause.strerror:
+        return _one_line(cause.strerror)
+    return _one_line(f"{type(cause).__name__}: {cause}")
+
+
+def _root(error: BaseException) -> BaseException:
+    """The innermost cause urllib3 wrapped (a socket or ssl error)."""
+    seen = 0
+    while seen < 10:
+        inner = error.__cause__ or error.__context__
+        if inner is None:
+            return error
+        error, seen = inner, seen + 1
+    return error
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
