@@ -57,7 +57,8 @@ class VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        parser.exit(message=version_text() + "\n")
+        print(version_text())
+        parser.exit()
 
 
 def version_text() -> str:
@@ -82,10 +83,9 @@ def cmd_render(ns: argparse.Namespace) -> int:
 
     inputs = inputs_from_args(ns)
     if ns.api_version == "auto":
-        from .backends.kube.connect import connect, kubeconfig_namespace
         from .backends.kubernetes import KubernetesBackend
 
-        backend = KubernetesBackend(connect(ns.kubeconfig), namespace=kubeconfig_namespace(ns.kubeconfig))
+        backend = KubernetesBackend.from_config(ns.kubeconfig, fail_fast=True)
         info = backend.resolve_runtime(inputs.model_copy(update={"namespace": inputs.namespace or backend.default_namespace()}))
         manifest = render(
             inputs, api_version=info.api_version, runtime_jobs=info.job_names, allow_host_access=info.allow_host_access,
@@ -109,10 +109,9 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
         backend: Any = LocalBackend()
     else:
-        from .backends.kube.connect import connect, kubeconfig_namespace
         from .backends.kubernetes import KubernetesBackend
 
-        backend = KubernetesBackend(connect(ns.kubeconfig), namespace=kubeconfig_namespace(ns.kubeconfig), api_version=ns.api_version)
+        backend = KubernetesBackend.from_config(ns.kubeconfig, fail_fast=True, api_version=ns.api_version)
     options = LaunchOptions(
         start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, queue_timeout=ns.queue_timeout, logs=ns.logs,
         delete_after_success=ns.delete_after_success,

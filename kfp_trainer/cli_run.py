@@ -179,7 +179,10 @@ def add_parser(sub: Any, formatter: Any) -> None:
     run = sub.add_parser("run", help="run a pipeline (folder or pipeline.py) on this machine with kfp.local",
                          description=__doc__, formatter_class=formatter)  # fmt: skip
     run.add_argument("pipeline", help="a pipeline.py, or the folder that holds one")
-    run.add_argument("--local", action="store_true", help="run on this machine with the local TrainJob backend; required (cluster runs: upload the compiled YAML to KFP)")
+    run.add_argument(
+        "--local", action="store_true",
+        help="run on this machine with the local TrainJob backend; required (for a cluster: upload the compiled YAML to KFP)",
+    )  # fmt: skip
     run.add_argument(
         "--param", action="append", metavar="NAME=VALUE", help="pipeline parameter, repeatable; the pipeline's default when unset"
     )

@@ -71,8 +71,19 @@ class KubernetesBackend:
         self._trackers: dict[tuple[str, str], inspect.JobTracker] = {}
 
     @classmethod
-    def from_config(cls, kubeconfig: str | None = None, **kwargs: Any) -> KubernetesBackend:
-        """Backend for the cluster of the pod's service account or the kubeconfig."""
+    def from_config(cls, kubeconfig: str | None = None, *, fail_fast: bool = False, **kwargs: Any) -> KubernetesBackend:
+        """Backend for the cluster of the pod's service account or the kubeconfig.
+
+        ``fail_fast`` (the command line): open the first connection now, and raise a one-line
+        :class:`~kfp_trainer.errors.ClusterUnreachableError` when no cluster is configured or
+        its API server cannot be reached, instead of retrying; jobs go to ``kubeconfig``'s
+        context namespace unless ``namespace`` is given.
+        """
+        if fail_fast:
+            from .kube.connect import connect, kubeconfig_namespace
+
+            kwargs.setdefault("namespace", kubeconfig_namespace(kubeconfig))
+            return cls(connect(kubeconfig), **kwargs)
         return cls(load_api_client(kubeconfig), **kwargs)
 
     # ------------------------------------------------------------------ discovery

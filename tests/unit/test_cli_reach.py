@@ -241,6 +241,7 @@ class Refusing(http.server.BaseHTTPRequestHandler):
     ids=["401", "403"],
 )  # fmt: skip
 def test_credentials_the_api_server_refuses_are_one_line_and_exit_2(tmp_path, status, message, words):
+    Refusing.seen.clear()
     handler = type("Handler", (Refusing,), {"status": status, "message": message})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -254,3 +255,6 @@ def test_credentials_the_api_server_refuses_are_one_line_and_exit_2(tmp_path, st
     assert_one_line(err, words)
     assert "not-a-real-token" not in err
     assert seconds < FAST
+    # --kubeconfig's context namespace is the job's namespace (not ~/.kube/config's, not "default")
+    asked = [path for path in Refusing.seen if "/namespaces/" in path]
+    assert asked and all("/namespaces/team/" in path for path in asked), Refusing.seen

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kfp_trainer.errors import EXIT_JOB_FAILED, EXIT_USER
-from kfp_trainer.local_failure import TaskLog, failure_block, failed_tasks, is_step_failure, step_error
+from kfp_trainer.local_failure import TaskLog, failed_tasks, failure_block, is_step_failure, step_error
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,8 @@ def ours():
     from kfp_trainer.steps.common import exit_on_error
 
     def fail():
-        raise JobFailedError("TrainJob team/x-1 failed: BackoffLimitExceeded", diagnosis="pod x-node-0-0: exit code 3\\nlast log lines: OOM")
+        diagnosis = "pod x-node-0-0: exit code 3\\nlast log lines: OOM"
+        raise JobFailedError("TrainJob team/x-1 failed: BackoffLimitExceeded", diagnosis=diagnosis)
 
     exit_on_error(fail)
 
