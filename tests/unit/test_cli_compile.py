@@ -7,6 +7,7 @@ site-packages, with no checkout around it) and run from there in a fresh process
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kfp_trainer import compile as gen
-from kfp_trainer.components import COMPONENTS
+from kfp_trainer.components import COMPONENTS, _image
 from kfp_trainer.errors import EXIT_USER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,3 +80,46 @@ def test_output_dir_that_is_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "f").write_text("")
     assert cli.main(["compile", "--output-dir", str(tmp_path / "f")]) == EXIT_USER
     assert "not a folder" in capsys.readouterr().err
+
+
+MY_PIPELINE = '''
+from kfp import dsl
+from kfp_trainer.components import dataset_initializer, evaluate_model, train_job
+
+
+@dsl.pipeline(name="finetune")
+def finetune():
+    data = dataset_initializer(uri="hf://tatsu-lab/alpaca")
+    train = train_job(runtime="torch-distributed", command=["torchrun", "train.py"], dataset=data.outputs["dataset"])
+    train.set_caching_options(False)
+    evaluate_model(model=train.outputs["output_model"], dataset=data.outputs["dataset"])
+'''
+
+
+def test_the_readmes_recipe_compiles_ones_own_pipeline_against_ones_own_registry(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    recipe = next(block for block in readme.split("```bash\n")[1:] if "KFP_TRAINER_REGISTRY=" in block.split("```")[0])
+    command = recipe.split("```")[0].replace("\\\n", " ")
+    (tmp_path / "my_pipeline.py").write_text(MY_PIPELINE)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KFP_TRAINER_")}, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # its `python` is this one
+    done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = (tmp_path / "finetune.yaml").read_text()
+    images = set(re.findall(r"^\s*image: (\S+)$", compiled, re.MULTILINE))  # the executors' container images
+    version = _image.VERSION
+    assert images == {f"registry.example.com/team/kfp-trainer:{version}", f"registry.example.com/team/kfp-trainer-trainer:{version}"}
+
+
+def test_the_readme_states_the_pins_of_pyproject_and_the_image_variables():
+    readme = (REPO / "README.md").read_text()
+    # the project's dependencies, as pyproject.toml pins them ("kfp>=2.17.3,<2.18", ...); tomllib needs Python 3.11
+    pins = dict(re.findall(r'^\s*"([A-Za-z][A-Za-z0-9_.-]*)([<>=!~][^"]*)",?$', (REPO / "pyproject.toml").read_text(), re.MULTILINE))
+    assert {"kfp", "kfp-kubernetes", "kubernetes"} <= set(pins)
+    assert f"`{pins['kfp']}`" in readme and f"`{pins['kfp-kubernetes']}`" in readme and f"`{pins['kubernetes']}`" in readme
+    for variable in (_image.REGISTRY_ENV, _image.IMAGE_ENV, _image.TRAINER_IMAGE_ENV):
+        assert f"| `{variable}` |" in readme
+    install = readme.split("## Install\n", 1)[1].split("\n## ", 1)[0]
+    assert "pip install 'kfp-trainer[local]'" in install and "pip install -e '.[local]'" in install
+    assert readme.index("## Install") < readme.index("## Use it in a pipeline")
+
