@@ -54,7 +54,10 @@ def _typed(text: str, kind: str, name: str) -> Any:
             return text.lower() in ("true", "1", "yes")
     except ValueError:
         raise UserError(f"--param {name}={text!r}: expected a {kind.lower()}") from None
-    return json_value(text)
+    try:
+        return json_value(text)
+    except argparse.ArgumentTypeError as e:
+        raise UserError(f"--param {name}: {e}") from None
 
 
 def cmd_run(ns: argparse.Namespace) -> int:

@@ -258,3 +258,44 @@ def test_credentials_the_api_server_refuses_are_one_line_and_exit_2(tmp_path, st
     # --kubeconfig's context namespace is the job's namespace (not ~/.kube/config's, not "default")
     asked = [path for path in Refusing.seen if "/namespaces/" in path]
     assert asked and all("/namespaces/team/" in path for path in asked), Refusing.seen
+
+
+def test_the_check_adds_no_request_and_the_first_request_reuses_its_connection(tmp_path):
+    from kfp_trainer.backends.kube.api import request
+
+    counted = {"connections": 0, "requests": 0}
+
+    class Counting(http.server.ThreadingHTTPServer):
+        def get_request(self):
+            counted["connections"] += 1
+            return super().get_request()
+
+    class Answering(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the API server
+
+        def do_GET(self) -> None:  # noqa: N802
+            counted["requests"] += 1
+            body = b'{"major": "1", "minor": "36", "gitVersion": "v1.36.0"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = Counting(("127.0.0.1", 0), Answering)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api = connect(str(write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{server.server_address[1]}")))
+        deadline = time.monotonic() + 5
+        while counted["connections"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert counted == {"connections": 1, "requests": 0}
+        assert request(api, "/version", [], timeout=5)["gitVersion"] == "v1.36.0"
+        assert request(api, "/version", [], timeout=5)["minor"] == "36"
+        assert counted == {"connections": 1, "requests": 2}
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -101,6 +101,40 @@ def test_bad_run_input_is_one_line_and_exit_2(tmp_path):
     assert done.stderr.strip() == "error: --param rate='fast': expected a float"
 
 
+LISTS = """
+from kfp import dsl
+
+
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def show(sizes: list):
+    print(sizes)
+
+
+@dsl.pipeline(name="lists")
+def lists(sizes: list = [1]):
+    show(sizes=sizes)
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["run", "{dir}/nowhere", "--local"], "no pipeline file at"),
+        (["run", "{dir}/lists", "--local", "--param", "sizes=[1,"], "--param sizes: not valid JSON or YAML"),
+        (["run", "{dir}/lists", "--local", "--param", "nothing=1"], "--param nothing: the pipeline has no such parameter; it has sizes"),
+        (["run", "{dir}/lists"], "only --local runs are supported"),
+    ],
+)
+def test_bad_run_arguments_are_one_line_errors(tmp_path, argv, said, capsys):
+    from kfp_trainer import cli
+
+    (tmp_path / "lists").mkdir()
+    (tmp_path / "lists" / "pipeline.py").write_text(LISTS)
+    assert cli.main([a.replace("{dir}", str(tmp_path)) for a in argv]) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and said in err and len(err.strip().splitlines()) == 1, err
+
+
 # --------------------------------------------------------------------------- the formatter, on kfp.local's texts
 
 RED, CYAN, RESET = "\x1b[91m", "\x1b[96m", "\x1b[0m"
