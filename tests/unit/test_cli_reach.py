@@ -299,3 +299,29 @@ def test_the_check_adds_no_request_and_the_first_request_reuses_its_connection(t
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_stop_signal_while_connecting_is_a_cancel_not_an_unreachable_cluster(tmp_path):
+    import signal
+
+    connected = threading.Event()
+
+    def hold(conn: socket.socket) -> None:
+        connected.set()
+        while conn.recv(1024):  # takes the TLS hello and never answers
+            pass
+
+    server, port = serve(hold)
+    config = write_kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{port}")
+    environ = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, "PYTHONPATH": str(REPO)}
+    with server:
+        proc = subprocess.Popen([sys.executable, "-m", "kfp_trainer.cli", *LAUNCH, "--kubeconfig", str(config)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)  # fmt: skip
+        try:
+            assert connected.wait(60), "the command never connected"
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "cancelled" in err and "cannot reach" not in err and "Traceback" not in err, err

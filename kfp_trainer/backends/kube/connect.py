@@ -29,7 +29,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client import ApiClient
 
-from ...errors import ClusterUnreachableError, UserError
+from ...errors import ClusterUnreachableError, KfpTrainerError, UserError
 
 CONNECT_TIMEOUT = 10.0
 _LOCAL_HINT = "(`--local` runs on this machine without a cluster)"
@@ -115,6 +115,8 @@ def open_connection(api: ApiClient, *, source: str, timeout: float = CONNECT_TIM
     try:
         pool = api.rest_client.pool_manager.connection_from_url(host)
         conn = pool._get_conn()  # a fresh or idle connection of the pool the first request will use
+    except KfpTrainerError:  # a cancel (stop signal) stays a cancel
+        raise
     except Exception as e:  # noqa: BLE001 -- an address urllib3 cannot even parse
         raise ClusterUnreachableError(f"cannot reach the API server {host!r} ({source}): {_one_line(str(e))}") from None
     conn.timeout = timeout
@@ -123,9 +125,9 @@ def open_connection(api: ApiClient, *, source: str, timeout: float = CONNECT_TIM
     except BaseException as e:
         conn.close()
         pool._put_conn(None)  # the pool's free slot goes back
-        if isinstance(e, Exception):
-            raise ClusterUnreachableError(f"cannot reach the API server {host} ({source}): {why_unreachable(e, host, timeout)}") from None
-        raise
+        if isinstance(e, KfpTrainerError) or not isinstance(e, Exception):
+            raise  # a cancel, KeyboardInterrupt, SystemExit
+        raise ClusterUnreachableError(f"cannot reach the API server {host} ({source}): {why_unreachable(e, host, timeout)}") from None
     pool._put_conn(conn)
 
 
