@@ -21,13 +21,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kfp_trainer.data import chat_renderer, load_split
 from kfp_trainer.trainers._common import (
     available_cpus,
     collate,
     encode_examples,
-    find_split,
     load_tokenizer,
-    read_jsonl,
 )
 
 
@@ -89,16 +88,14 @@ def evaluate(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    records = read_jsonl(find_split(dataset_dir, split))
+    tokenizer = load_tokenizer(model_dir)
+    records = load_split(dataset_dir, split, render_chat=chat_renderer(tokenizer))
     if max_examples is not None:
         records = records[:max_examples]
-    if not records:
-        raise ValueError(f"no records in split {split!r} of {dataset_dir}")
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(available_cpus())
-    tokenizer = load_tokenizer(model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     model = load_model(model_dir).to(device)
     encoded = encode_examples(tokenizer, records)

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kfp_trainer.data import DatasetError, chat_renderer, load_split
 from kfp_trainer.llm.progress import ProgressReporter
 from kfp_trainer.trainers import checkpointing
 from kfp_trainer.trainers._common import (
@@ -48,10 +49,8 @@ from kfp_trainer.trainers._common import (
     dist_env,
     emit,
     encode_examples,
-    find_split,
     load_tokenizer,
     processes_on_this_host,
-    read_jsonl,
     save_tokenizer,
 )
 
@@ -202,9 +201,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if not use_cuda:
         torch.set_num_threads(cpu_threads(args.num_threads, host_processes, n_total))
 
-    records = read_jsonl(find_split(args.dataset_dir, "train"))
-    if not records:
-        raise SystemExit(f"no training records in {args.dataset_dir}")
+    try:
+        records = load_split(args.dataset_dir, "train", render_chat=chat_renderer(tokenizer), log=log)
+    except DatasetError as e:
+        raise SystemExit(f"sft: {e}") from None
     examples = encode_examples(tokenizer, records, max_length=args.max_length)
 
     ddp_model: Any = model
