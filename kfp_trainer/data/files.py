@@ -4,7 +4,8 @@ Formats, chosen by the file's suffix:
 
 * ``.jsonl`` / ``.ndjson``: one JSON object per non-empty line;
 * ``.json``: a list of objects, an object ``{"data": [...]}``, or JSON Lines saved as ``.json``;
-* ``.csv``: a header row, then one row per record (every cell is text);
+* ``.csv``: a header row, then one row per record; cells are text, except a cell holding a JSON
+  list of objects (a chat written out as JSON), which is decoded;
 * ``.parquet``: read with ``pyarrow``;
 * ``.arrow``: an Arrow IPC stream (what ``datasets.Dataset.save_to_disk`` writes) or file,
   read with ``pyarrow`` (the ``datasets`` package is not needed).
@@ -63,10 +64,21 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         return _read_json(path)
     if suffix == ".csv":
         with open(path, encoding="utf-8", newline="") as f:
-            return [dict(row) for row in csv.DictReader(f)]
+            return [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
     if suffix in (".parquet", ".arrow"):
         return _read_arrow_table(path)
     raise DatasetError(f"{path.name}: unknown data file suffix {suffix!r}; accepted: {', '.join(DATA_SUFFIXES)}")
+
+
+def _cell(value: str | None) -> Any:
+    if value and value.startswith("[{"):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return value
+        if isinstance(decoded, list) and all(isinstance(item, dict) for item in decoded):
+            return decoded
+    return value
 
 
 def _read_json_lines(path: Path, text: str) -> list[dict[str, Any]]:
