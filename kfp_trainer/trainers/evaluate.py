@@ -1,4 +1,4 @@
-"""Evaluation of a causal LM on prompt/completion JSONL data.
+"""Evaluation of a causal LM on a dataset split read as prompt/completion examples.
 
 Computes the completion loss (and perplexity) with teacher forcing, and the
 exact match rate of greedy generations::
@@ -8,7 +8,9 @@ exact match rate of greedy generations::
 prints one JSON line such as
 ``{"loss": 0.05, "perplexity": 1.05, "exact_match": 0.97, "examples": 500}``.
 Model directories holding a LoRA adapter (``adapter_config.json``) are loaded
-with peft on top of their base model.
+with peft on top of their base model. The dataset is read with
+:func:`kfp_trainer.data.load_split`: the formats, layouts and record shapes the SFT trainer
+reads; a missing test split is the validation split, else the slice of train the trainer held out.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ def evaluate(
 
     Args:
         model_dir: Hugging Face model (or LoRA adapter) directory.
-        dataset_dir: Directory with ``<split>.jsonl``, or a ``.jsonl`` file.
+        dataset_dir: Dataset folder, or one data file (read whole), as
+            :func:`kfp_trainer.data.load_split` reads it.
         split: Split to evaluate.
         max_examples: Evaluate only the first N records.
         max_new_tokens: Generation length limit for exact match.
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     p = argparse.ArgumentParser(prog="python -m kfp_trainer.trainers.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", required=True, help="Hugging Face model or LoRA adapter directory")
-    p.add_argument("--dataset-dir", required=True, help="directory with <split>.jsonl")
+    p.add_argument("--dataset-dir", required=True, help="dataset folder or file (see kfp_trainer.data)")
     p.add_argument("--split", default="test", help="split to evaluate (default %(default)s)")
     p.add_argument("--max-examples", type=int, default=None, help="evaluate only the first N records")
     p.add_argument("--max-new-tokens", type=int, default=8, help="generation limit (default %(default)s)")

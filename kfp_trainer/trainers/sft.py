@@ -8,8 +8,13 @@ Run one process per device with ``torchrun``, for example::
 
 or as a single plain ``python -m kfp_trainer.trainers.sft ...`` process.
 
-The dataset directory holds ``train.jsonl`` with ``prompt`` and ``completion``
-fields; the loss is computed on the completion tokens (and EOS) only. Each
+The dataset directory is read with :func:`kfp_trainer.data.load_split` (split ``train``): JSONL,
+JSON, CSV, parquet or ``save_to_disk`` arrow files, as ``<split>.<ext>``, a Hugging Face Hub
+snapshot (``data/train-00000-of-00001-*.parquet``) or ``<split>/`` folders, with records of
+prompt/completion, chat ``messages``, Alpaca instruction/input/output, question/answer or
+input/output shape (:mod:`kfp_trainer.data` lists the templates). A dataset with neither test
+nor validation split leaves a deterministic 5% slice of train out of training: the test split
+``evaluate_model`` reads. The loss is computed on the completion tokens (and EOS) only. Each
 rank trains on its own shard of every epoch's shuffle, gradients are averaged
 with DistributedDataParallel (gloo on CPU, nccl on CUDA).
 
@@ -73,10 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     """
     p = argparse.ArgumentParser(
         prog="python -m kfp_trainer.trainers.sft",
-        description="Supervised fine-tuning of a causal LM on prompt/completion JSONL.",
+        description="Supervised fine-tuning of a causal LM on a prompt/completion, chat or instruction dataset.",
     )
     p.add_argument("--model-dir", required=True, help="Hugging Face model directory to start from")
-    p.add_argument("--dataset-dir", required=True, help="directory with train.jsonl (prompt, completion)")
+    p.add_argument("--dataset-dir", required=True, help="dataset folder or file; its train split is read (see kfp_trainer.data)")
     p.add_argument("--output-dir", required=True, help="where rank 0 saves the trained model")
     p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="optimizer steps (default %(default)s)")
     p.add_argument(

@@ -55,7 +55,13 @@ SHAPES: dict[str, tuple[list[dict[str, Any]], list[dict[str, str]]]] = {
     ),
     "messages": (
         [
-            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}]},
+            {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "2+3?"},
+                    {"role": "assistant", "content": "5"},
+                ]
+            },
             {"messages": MULTI_TURN},
         ],
         [
@@ -66,7 +72,13 @@ SHAPES: dict[str, tuple[list[dict[str, Any]], list[dict[str, str]]]] = {
     "sharegpt": (
         [
             {"conversations": [{"from": "human", "value": "2+3?"}, {"from": "gpt", "value": "5"}]},
-            {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]},
+            {
+                "conversations": [
+                    {"from": "system", "value": "Be brief."},
+                    {"from": "human", "value": "Hi"},
+                    {"from": "gpt", "value": "Hello"},
+                ]
+            },
         ],
         [
             {"prompt": "<|user|>\n2+3?\n<|assistant|>\n", "completion": "5"},
@@ -85,7 +97,10 @@ SHAPES: dict[str, tuple[list[dict[str, Any]], list[dict[str, str]]]] = {
     ),
     "question_answer": (
         [{"question": "2+3?", "answer": "5"}, {"question": "Capital of France?", "answer": "Paris"}],
-        [{"prompt": "Question: 2+3?\nAnswer: ", "completion": "5"}, {"prompt": "Question: Capital of France?\nAnswer: ", "completion": "Paris"}],
+        [
+            {"prompt": "Question: 2+3?\nAnswer: ", "completion": "5"},
+            {"prompt": "Question: Capital of France?\nAnswer: ", "completion": "Paris"},
+        ],
     ),
     "input_output": (
         [{"input": "2+3=", "output": "5"}, {"input": "1+1=", "output": "2"}],
@@ -148,7 +163,9 @@ def test_every_shape_in_every_format(tmp_path: Path, shape: str, fmt: str) -> No
 
 
 def alpaca_rows(n: int) -> list[dict[str, str]]:
-    return [{"instruction": f"Add {i} and {i + 1}.", "input": "" if i % 3 else f"{i}", "output": str(2 * i + 1), "text": "t"} for i in range(n)]
+    return [
+        {"instruction": f"Add {i} and {i + 1}.", "input": "" if i % 3 else f"{i}", "output": str(2 * i + 1), "text": "t"} for i in range(n)
+    ]
 
 
 def hub_snapshot(root: Path, rows: list[dict[str, Any]]) -> Path:
