@@ -134,3 +134,18 @@ def test_evaluate_model_under_kfp_local_reads_the_hub_snapshot(model_dir: Path, 
     metrics = outputs["artifacts"]["metrics"]["artifacts"][0]["metadata"]
     assert metrics["examples"] == len(holdout(alpaca_rows())) and math.isfinite(metrics["loss"])
     assert outputs["parameterValues"]["Output"] is True
+
+
+def test_real_save_to_disk_folders_are_read_without_the_datasets_package_at_read_time(tmp_path: Path) -> None:
+    import datasets
+
+    from kfp_trainer.data import load_split
+
+    rows = alpaca_rows()
+    whole = datasets.Dataset.from_list(rows)
+    datasets.DatasetDict({"train": whole.select(range(60)), "test": whole.select(range(60, ROWS))}).save_to_disk(str(tmp_path / "dict"))
+    whole.save_to_disk(str(tmp_path / "lone"))
+    test = load_split(tmp_path / "dict", "test", log=print)
+    assert [e["completion"] for e in test] == [r["output"] for r in rows[60:]]
+    assert len(load_split(tmp_path / "dict", "train", log=print)) == 60
+    assert len(load_split(tmp_path / "lone", "train", log=print)) == ROWS - len(holdout(rows))

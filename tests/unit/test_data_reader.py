@@ -265,6 +265,16 @@ def test_builtin_addition_dataset_reads_as_before(tmp_path: Path) -> None:
         assert load_split(tmp_path, split, log=quiet) == raw
 
 
+def test_builtin_instruct_sums_dataset_evaluates_on_its_test_jsonl(tmp_path: Path) -> None:
+    from kfp_trainer.trainers import builtin
+
+    builtin.materialize("builtin://datasets/instruct-sums", tmp_path)
+    raw_test = [json.loads(line) for line in (tmp_path / "test.jsonl").read_text().splitlines()]
+    assert load_split(tmp_path, "test", log=quiet) == raw_test
+    raw_train = pq.read_table(tmp_path / "data" / "train.parquet").to_pylist()
+    assert load_split(tmp_path, "train", log=quiet) == [{"prompt": r["input"], "completion": r["output"]} for r in raw_train]
+
+
 def test_chat_prompts_use_the_tokenizer_chat_template_without_a_second_bos() -> None:
     class Tokenizer:
         chat_template = "{{ whatever }}"
