@@ -25,10 +25,18 @@ def evaluate_model(
     min_improvement: float = 0.0,
     lm_eval_tasks: Optional[list] = None,
 ) -> bool:
-    """Evaluates a causal language model on a prompt/completion dataset and gives a verdict.
+    """Evaluates a causal language model on a dataset split and gives a verdict.
 
     Computes the completion loss, perplexity and the exact-match rate of greedy generations
-    on one split (a LoRA adapter directory is loaded on top of its base model). With
+    on one split (a LoRA adapter directory is loaded on top of its base model). The dataset is
+    read as the SFT trainer (kfp_trainer.trainers.sft) reads it: .jsonl, .json, .csv, .parquet
+    or save_to_disk .arrow files, laid out as <split>.<ext>, a Hugging Face Hub snapshot
+    (data/<split>-00000-of-00001-*.parquet) or <split>/ folders, with records of one of these
+    shapes: prompt/completion; chat messages (list of role/content turns: the completion is the
+    last assistant turn, the prompt the turns before it in the tokenizer's chat template, or
+    "<|role|>" lines without one); Alpaca instruction/input/output (Alpaca's prompt template);
+    question/answer; input/output. Without a test split, the validation split is read, else the
+    deterministic 5% slice of train (at most 1000 records) that the SFT trainer left out. With
     lm_eval_tasks and the lm-eval package installed, adds lm-evaluation-harness scores
     (skipped with a log line when the package is absent). The verdict compares gate_metric
     with the baseline metrics (e.g. the base model's evaluation): use it in
@@ -36,7 +44,7 @@ def evaluate_model(
 
     Args:
         model: Model directory (Hugging Face format, or a LoRA adapter).
-        dataset: Dataset directory with <split>.jsonl of prompt/completion records.
+        dataset: Dataset directory (the files, layouts and record shapes above).
         split: Split to evaluate.
         max_examples: Evaluate only the first N records; 0 means all.
         baseline: Metrics to compare with (another evaluate_model's metrics output).

@@ -33,7 +33,7 @@ def dataset_initializer(
         ignore_patterns: Glob patterns of files to skip (hf:// and s3://).
 
     Returns:
-        dataset: The dataset files, with metadata: source_uri, files, bytes, splits.
+        dataset: The dataset files, with metadata: source_uri, files, bytes, splits (the split names its files show, e.g. test,train).
     """
     from kfp_trainer import steps
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from .common import log, model_metadata
@@ -11,6 +10,7 @@ from .common import log, model_metadata
 
 def run_initializer(*, uri: str, kind: str, output: Any, ignore_patterns: list[str] | None = None) -> dict[str, Any]:
     """Fetch ``uri`` into the output artifact and describe it in the artifact's metadata."""
+    from ..data import discover
     from ..storage import fetch, redact
 
     started = time.monotonic()
@@ -20,7 +20,8 @@ def run_initializer(*, uri: str, kind: str, output: Any, ignore_patterns: list[s
     if kind == "model":
         info.update(model_metadata(output.path, base_model=info["source_uri"]))
     else:
-        splits = sorted(p.stem for p in Path(output.path).glob("*.jsonl"))
+        layout = discover(output.path)
+        splits = sorted(set(layout.splits) | ({"train"} if layout.find("train") else set()))
         if splits:
             info["splits"] = ",".join(splits)
     output.metadata.update(info)

@@ -104,48 +104,6 @@ def threads_per_process(local_world_size: int) -> int:
     return max(1, available_cpus() // max(1, local_world_size))
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Reads a JSON Lines file.
-
-    Args:
-        path: File to read.
-
-    Returns:
-        One dict per non-empty line.
-    """
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                records.append(json.loads(line))
-    return records
-
-
-def find_split(dataset_dir: str | Path, split: str) -> Path:
-    """Locates the JSON Lines file of a dataset split.
-
-    Accepts ``<dir>/<split>.jsonl`` or a path that already is a ``.jsonl`` file.
-
-    Args:
-        dataset_dir: Dataset directory (or a ``.jsonl`` file).
-        split: Split name such as ``train`` or ``test``.
-
-    Returns:
-        Path of the split file.
-
-    Raises:
-        FileNotFoundError: If the split file does not exist.
-    """
-    path = Path(dataset_dir)
-    if path.is_file():
-        return path
-    candidate = path / f"{split}.jsonl"
-    if not candidate.is_file():
-        raise FileNotFoundError(f"dataset split {split!r} not found: {candidate} does not exist")
-    return candidate
-
-
 def emit(record: dict[str, Any]) -> None:
     """Prints one JSON line to stdout and flushes it.
 

@@ -1,4 +1,4 @@
-"""Evaluation of a causal LM on prompt/completion JSONL data.
+"""Evaluation of a causal LM on a dataset split read as prompt/completion examples.
 
 Computes the completion loss (and perplexity) with teacher forcing, and the
 exact match rate of greedy generations::
@@ -8,7 +8,9 @@ exact match rate of greedy generations::
 prints one JSON line such as
 ``{"loss": 0.05, "perplexity": 1.05, "exact_match": 0.97, "examples": 500}``.
 Model directories holding a LoRA adapter (``adapter_config.json``) are loaded
-with peft on top of their base model.
+with peft on top of their base model. The dataset is read with
+:func:`kfp_trainer.data.load_split`: the formats, layouts and record shapes the SFT trainer
+reads; a missing test split is the validation split, else the slice of train the trainer held out.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kfp_trainer.data import chat_renderer, load_split
 from kfp_trainer.trainers._common import (
     available_cpus,
     collate,
     encode_examples,
-    find_split,
     load_tokenizer,
-    read_jsonl,
 )
 
 
@@ -70,7 +71,8 @@ def evaluate(
 
     Args:
         model_dir: Hugging Face model (or LoRA adapter) directory.
-        dataset_dir: Directory with ``<split>.jsonl``, or a ``.jsonl`` file.
+        dataset_dir: Dataset folder, or one data file (read whole), as
+            :func:`kfp_trainer.data.load_split` reads it.
         split: Split to evaluate.
         max_examples: Evaluate only the first N records.
         max_new_tokens: Generation length limit for exact match.
@@ -89,16 +91,14 @@ def evaluate(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    records = read_jsonl(find_split(dataset_dir, split))
+    tokenizer = load_tokenizer(model_dir)
+    records = load_split(dataset_dir, split, render_chat=chat_renderer(tokenizer))
     if max_examples is not None:
         records = records[:max_examples]
-    if not records:
-        raise ValueError(f"no records in split {split!r} of {dataset_dir}")
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(available_cpus())
-    tokenizer = load_tokenizer(model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     model = load_model(model_dir).to(device)
     encoded = encode_examples(tokenizer, records)
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     p = argparse.ArgumentParser(prog="python -m kfp_trainer.trainers.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", required=True, help="Hugging Face model or LoRA adapter directory")
-    p.add_argument("--dataset-dir", required=True, help="directory with <split>.jsonl")
+    p.add_argument("--dataset-dir", required=True, help="dataset folder or file (see kfp_trainer.data)")
     p.add_argument("--split", default="test", help="split to evaluate (default %(default)s)")
     p.add_argument("--max-examples", type=int, default=None, help="evaluate only the first N records")
     p.add_argument("--max-new-tokens", type=int, default=8, help="generation limit (default %(default)s)")

@@ -8,8 +8,13 @@ Run one process per device with ``torchrun``, for example::
 
 or as a single plain ``python -m kfp_trainer.trainers.sft ...`` process.
 
-The dataset directory holds ``train.jsonl`` with ``prompt`` and ``completion``
-fields; the loss is computed on the completion tokens (and EOS) only. Each
+The dataset directory is read with :func:`kfp_trainer.data.load_split` (split ``train``): JSONL,
+JSON, CSV, parquet or ``save_to_disk`` arrow files, as ``<split>.<ext>``, a Hugging Face Hub
+snapshot (``data/train-00000-of-00001-*.parquet``) or ``<split>/`` folders, with records of
+prompt/completion, chat ``messages``, Alpaca instruction/input/output, question/answer or
+input/output shape (:mod:`kfp_trainer.data` lists the templates). A dataset with neither test
+nor validation split leaves a deterministic 5% slice of train out of training: the test split
+``evaluate_model`` reads. The loss is computed on the completion tokens (and EOS) only. Each
 rank trains on its own shard of every epoch's shuffle, gradients are averaged
 with DistributedDataParallel (gloo on CPU, nccl on CUDA).
 
@@ -40,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kfp_trainer.data import DatasetError, chat_renderer, load_split
 from kfp_trainer.llm.progress import ProgressReporter
 from kfp_trainer.trainers import checkpointing
 from kfp_trainer.trainers._common import (
@@ -48,10 +54,8 @@ from kfp_trainer.trainers._common import (
     dist_env,
     emit,
     encode_examples,
-    find_split,
     load_tokenizer,
     processes_on_this_host,
-    read_jsonl,
     save_tokenizer,
 )
 
@@ -74,10 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     """
     p = argparse.ArgumentParser(
         prog="python -m kfp_trainer.trainers.sft",
-        description="Supervised fine-tuning of a causal LM on prompt/completion JSONL.",
+        description="Supervised fine-tuning of a causal LM on a prompt/completion, chat or instruction dataset.",
     )
     p.add_argument("--model-dir", required=True, help="Hugging Face model directory to start from")
-    p.add_argument("--dataset-dir", required=True, help="directory with train.jsonl (prompt, completion)")
+    p.add_argument("--dataset-dir", required=True, help="dataset folder or file; its train split is read (see kfp_trainer.data)")
     p.add_argument("--output-dir", required=True, help="where rank 0 saves the trained model")
     p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="optimizer steps (default %(default)s)")
     p.add_argument(
@@ -202,9 +206,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if not use_cuda:
         torch.set_num_threads(cpu_threads(args.num_threads, host_processes, n_total))
 
-    records = read_jsonl(find_split(args.dataset_dir, "train"))
-    if not records:
-        raise SystemExit(f"no training records in {args.dataset_dir}")
+    try:
+        records = load_split(args.dataset_dir, "train", render_chat=chat_renderer(tokenizer), log=log)
+    except DatasetError as e:
+        raise SystemExit(f"sft: {e}") from None
     examples = encode_examples(tokenizer, records, max_length=args.max_length)
 
     ddp_model: Any = model

@@ -1,0 +1,129 @@
+"""Reading one split of a dataset folder (or file) as prompt/completion examples."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .files import DATA_SUFFIXES, DatasetError, columns_of, read_rows
+from .shapes import ACCEPTED, ChatRenderer, detect_shape, to_example
+from .splits import GROUPS, Layout, discover, holdout
+
+_LISTED = 20
+
+
+def _stderr(message: str) -> None:
+    print(f"data: {message}", file=sys.stderr, flush=True)
+
+
+def _names(paths: list[Path], root: Path) -> str:
+    shown = [str(p.relative_to(root)) if p.is_relative_to(root) else p.name for p in paths[:_LISTED]]
+    more = f" and {len(paths) - _LISTED} more" if len(paths) > _LISTED else ""
+    return ", ".join(shown) + more if shown else "none"
+
+
+def _columns(path: Path) -> str:
+    try:
+        if path.suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq
+
+            return str(pq.read_schema(path).names)
+        return str(columns_of(read_rows(path)))
+    except (DatasetError, ImportError, OSError, ValueError):
+        return "(unreadable)"
+
+
+def _not_found(layout: Layout, split: str) -> DatasetError:
+    root = layout.root
+    files = layout.files
+    if not files:
+        present = sorted(p for p in root.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.relative_to(root).parts))
+        return DatasetError(
+            f"dataset {root}: no data files ({', '.join(DATA_SUFFIXES)}); files found: {_names(present, root)}. "
+            f"Accepted record shapes: {'; '.join(ACCEPTED)}"
+        )
+    columns = "; ".join(f"{p.relative_to(root)}: {_columns(p)}" for p in files[:3])
+    return DatasetError(
+        f"dataset {root}: no {split!r} split. Splits found: {sorted(layout.splits) or 'none'}; "
+        f"data files: {_names(files, root)}; columns: {columns}"
+    )
+
+
+def _resolve(path: Path, split: str, log: Callable[[str], None]) -> tuple[list[Path], str | None, Path]:
+    """The files to read and the holdout mode (``None``, ``"without"`` or ``"only"``)."""
+    if path.is_file():  # a file given on its own is read whole, whatever the split
+        return [path], None, path.parent
+    layout = discover(path, split)
+    files = layout.find(split)
+    has_eval = bool(layout.find("test") or layout.find("validation"))
+    if files and split.lower() in GROUPS["train"] and not has_eval:
+        log(f"no test or validation split in {path}: holding out a slice of train for evaluation, training on the rest")
+        return files, "without", path
+    if not files and split.lower() in GROUPS["test"]:
+        files = layout.find("validation")
+        if files:
+            log(f"no {split!r} split in {path}: reading the validation split instead")
+            return files, None, path
+        files = layout.find("train")
+        if files:
+            log(f"no {split!r} or validation split in {path}: reading the slice of train held out from training")
+            return files, "only", path
+    if not files:
+        raise _not_found(layout, split)
+    return files, None, path
+
+
+def load_split(
+    dataset: str | Path,
+    split: str = "train",
+    *,
+    render_chat: ChatRenderer | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, str]]:
+    """Reads one split of a dataset as ``{"prompt": ..., "completion": ...}`` examples.
+
+    The accepted folder layouts, file formats and record shapes are described in
+    :mod:`kfp_trainer.data`.
+
+    Args:
+        dataset: A dataset folder, or one data file (read whole, whatever the split).
+        split: ``train``, ``test``, ``validation`` or any split name found on disk.
+        render_chat: Renders chat prompts (:func:`~kfp_trainer.data.shapes.chat_renderer`);
+            default: the simple template of :mod:`kfp_trainer.data.shapes`.
+        log: Where the lines about fallbacks and what was read go (default: stderr).
+
+    Returns:
+        The examples, in file order.
+
+    Raises:
+        DatasetError: No such dataset or split, an unreadable file, records of no accepted
+            shape (the message names files and columns, never a value).
+    """
+    log = log or _stderr
+    path = Path(dataset)
+    if not path.exists():
+        raise DatasetError(f"dataset {dataset}: no such file or directory")
+    files, mode, root = _resolve(path, split, log)
+    rows: list[tuple[dict[str, Any], str, str]] = []  # (row, shape, where)
+    shapes: set[str] = set()
+    for file in files:
+        records = read_rows(file)
+        if not records:
+            continue
+        name = file.relative_to(root) if file.is_relative_to(root) else file.name
+        columns = columns_of(records)
+        shape = detect_shape(columns)
+        if shape is None:
+            raise DatasetError(f"{name}: columns {columns} fit no accepted record shape; accepted: {'; '.join(ACCEPTED)}")
+        shapes.add(shape)
+        rows.extend((row, shape, f"{name}, record {i + 1}") for i, row in enumerate(records))
+    if mode is not None:
+        held = holdout([row for row, _, _ in rows])
+        rows = [r for i, r in enumerate(rows) if (i in held) == (mode == "only")]
+    examples = [to_example(row, shape, where, render_chat) for row, shape, where in rows]
+    if not examples:
+        raise DatasetError(f"dataset {path}: split {split!r} has no records (files: {_names(files, root)})")
+    log(f"split {split!r}: {len(examples)} examples ({', '.join(sorted(shapes))}) from {_names(files, root)}")
+    return examples
