@@ -44,12 +44,26 @@ CONTEXT_INPUTS = {
 WORKSPACE_INPUT = "workspace_path"
 
 
-def pipeline_workspace_declared() -> bool:
-    """Whether the pipeline whose body is running now declares a workspace.
+def building_pipeline() -> Any:
+    """The ``GraphComponent`` whose ``@dsl.pipeline`` body is running now, or ``None`` outside one.
 
-    KFP runs a ``@dsl.pipeline`` body inside ``GraphComponent.__init__``, whose
-    ``pipeline_config`` argument holds the workspace; outside a pipeline body this is False.
+    KFP runs a pipeline body inside ``GraphComponent.__init__``; the innermost such frame is
+    the pipeline being built (its ``pipeline_config`` argument holds the workspace).
     """
+    frame = inspect.currentframe()
+    code = GraphComponent.__init__.__code__
+    try:
+        while frame is not None:
+            if frame.f_code is code:
+                return frame.f_locals.get("self")
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+def pipeline_workspace_declared() -> bool:
+    """Whether the pipeline whose body is running now declares a workspace (False outside a pipeline body)."""
     frame = inspect.currentframe()
     code = GraphComponent.__init__.__code__
     try:
@@ -82,7 +96,9 @@ def _subclass(cls: type) -> type:
     """A subclass of a component class whose calls fill in the context inputs."""
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return cls.__call__(self, *args, **context_arguments(self.component_spec.inputs or {}, kwargs))
+        from .calls import call
+
+        return call(cls.__call__, self, args, kwargs)
 
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, _MARK: True})
 

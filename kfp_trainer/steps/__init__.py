@@ -34,11 +34,11 @@ from .common import (
     unresolved,
 )
 from .evaluate import compare, read_metrics_artifact, run_evaluate, run_lm_eval
-from .finetune import run_torchtune_finetune
+from .finetune import run_torchtune_finetune, torchtune_finetune_arguments
 from .function import BOOTSTRAP, function_command, run_function_job
 from .initializers import run_initializer
 from .sweep import run_select_best
-from .train_job import normalize_values, run_train_job
+from .train_job import normalize_values, run_train_job, train_job_inputs
 
 __all__ = [
     "BOOTSTRAP",
@@ -66,5 +66,7 @@ __all__ = [
     "run_train_job",
     "shared_dir",
     "stage",
+    "torchtune_finetune_arguments",
+    "train_job_inputs",
     "unresolved",
 ]

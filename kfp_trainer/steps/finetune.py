@@ -102,7 +102,7 @@ class TorchTuneFinetune:
         }
 
     # ------------------------------------------------------------------ before the job
-    def _storage(self, kind: str) -> tuple[Any, dict[str, Any]]:
+    def storage(self, kind: str) -> tuple[Any, dict[str, Any]]:
         """(StorageSource for the SDK renderer or None, TrainJob inputs for a local-only URI)."""
         from ..llm.inputs import StorageSource, parse
 
@@ -125,14 +125,18 @@ class TorchTuneFinetune:
             if at is None:  # where the SDK puts the path of an hf:// dataset: after dtype, batch_size, epochs, loss
                 at = sum(1 for a in args if a.split("=", 1)[0] in ("dtype", "batch_size", "epochs", "loss"))
             args = kept[:at] + [arg] + kept[at:]
-        extra = [f"optimizer.lr={self.learning_rate:g}"] if self.learning_rate is not None else []
-        extra += ([f"seed={self.seed}"] if self.seed is not None else []) + self.overrides
+        extra = self.extra_overrides()
         from ..llm.tune_output import check_overrides
 
         errors = check_overrides(extra, args)
         if errors:
             raise InvalidSpecErrors(errors)
         return args + extra
+
+    def extra_overrides(self) -> list[str]:
+        """The overrides after the typed settings': ``optimizer.lr``, ``seed``, then ``overrides``."""
+        extra = [f"optimizer.lr={self.learning_rate:g}"] if self.learning_rate is not None else []
+        return extra + ([f"seed={self.seed}"] if self.seed is not None else []) + self.overrides
 
     def _output(self, ctx: Any) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
         """Where the output goes on this side, and the volume + mount that put it at /workspace/output."""
@@ -173,7 +177,7 @@ class TorchTuneFinetune:
         local_inputs: dict[str, Any] = {}
         for kind in ("dataset", "model"):
             try:
-                found[kind], more = self._storage(kind)
+                found[kind], more = self.storage(kind)
                 local_inputs.update(more)
             except InvalidSpecErrors as e:
                 errors += e.errors
@@ -340,6 +344,42 @@ def _rename(field: str, names: dict[str, str]) -> str:
         if field == prefix or field.startswith(prefix + "."):
             return name + field[len(prefix) :]
     return field
+
+
+_SOURCE_INPUTS = ("dataset_uri", "dataset_secret", "dataset_options", "model_uri", "model_secret", "model_options")
+_JOB_INPUTS = (
+    "runtime", "runtime_kind", "name", "name_prefix", "namespace", "run_id", "task_name", "task_id", "pipeline_name", "labels",
+    "pod_labels", "pod_annotations", "node_selector", "tolerations", "service_account", "active_deadline_seconds", "queue_name",
+)  # fmt: skip
+_ZERO_UNSET = ("batch_size", "epochs", "num_nodes", "lora_rank", "active_deadline_seconds")  # 0 means: the runtime's value
+
+
+def torchtune_finetune_arguments(values: dict[str, Any]) -> dict[str, Any]:
+    """:func:`run_torchtune_finetune`'s arguments (launch options left out) from a ``torchtune_finetune`` task's input values.
+
+    The component passes its ``locals()``; the same mapping checks literal arguments when a
+    pipeline is built.
+
+    Example:
+        >>> args = torchtune_finetune_arguments({"method": "lora", "epochs": 0, "lora_rank": 8, "runtime": "r", "model_uri": "hf://a/b"})
+        >>> args["settings"]["epochs"], args["settings"]["lora_rank"], args["sources"]["model_uri"], args["inputs"]["runtime"]
+        (None, 8, 'hf://a/b', 'r')
+    """
+
+    def get(name: str) -> Any:
+        value = values.get(name)
+        return None if name in _ZERO_UNSET and value == 0 else value
+
+    return {
+        "method": values.get("method", "full"),
+        "settings": {name: get(name) for name in (*_TOP_INPUTS, *_LORA_INPUTS, *_DATASET_INPUTS)},
+        "sources": {name: values.get(name) for name in _SOURCE_INPUTS},
+        "inputs": {name: get(name) for name in _JOB_INPUTS},
+        "dataset_path": values.get("dataset_path"),
+        "learning_rate": values.get("learning_rate"),
+        "seed": values.get("seed"),
+        "overrides": values.get("overrides"),
+    }
 
 
 def run_torchtune_finetune(
