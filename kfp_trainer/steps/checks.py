@@ -96,29 +96,40 @@ def check_train_job(values: Mapping[str, Any]) -> None:
 
 def check_torchtune_finetune(values: Mapping[str, Any]) -> None:
     """The ``torchtune_finetune`` component's inputs, as :func:`~kfp_trainer.steps.run_torchtune_finetune` checks them."""
-    from ..llm.tune_output import check_overrides
-    from ..spec import rules
-    from .finetune import TorchTuneFinetune, dataset_path_arg, torchtune_finetune_arguments, torchtune_settings
+    from .finetune import torchtune_finetune_arguments
 
     args = torchtune_finetune_arguments(dict(values))
-    errors = launch_option_errors(values, _TORCHTUNE_LAUNCH)
-    errors += errors_of(lambda: torchtune_settings(args["method"], **args["settings"]))
+    _raise(launch_option_errors(values, _TORCHTUNE_LAUNCH) + torchtune_errors(args, local=_local(values)))
+
+
+def torchtune_errors(args: Mapping[str, Any], *, local: bool) -> list[ValidationError]:
+    """Problems of a fine-tune's settings, sources and TrainJob inputs, before its runtime is known.
+
+    ``args`` are :func:`~kfp_trainer.steps.finetune.torchtune_finetune_arguments`' (the step checks
+    its own arguments with this first, so both times give the same message).
+    """
+    from ..llm.tune_output import check_overrides
+    from ..spec import rules
+    from .finetune import TorchTuneFinetune, dataset_path_arg, torchtune_settings
+
+    errors = errors_of(lambda: torchtune_settings(args["method"], **args["settings"]))
+    sources = {k: v for k, v in (args.get("sources") or {}).items() if v is not None}
     trainer = TorchTuneFinetune(
-        None, dataset_path=args["dataset_path"] or "", learning_rate=args["learning_rate"], seed=args["seed"],
-        overrides=args["overrides"], **{k: v for k, v in args["sources"].items() if v is not None},
+        None, dataset_path=args.get("dataset_path") or "", learning_rate=args.get("learning_rate"), seed=args.get("seed"),
+        overrides=args.get("overrides"), **sources,
     )  # fmt: skip
-    local_inputs: dict[str, Any] = {}
+    job = dict(args.get("inputs") or {})
     for kind in ("dataset", "model"):
-        errors += errors_of(lambda kind=kind: local_inputs.update(trainer.storage(kind)[1]))
-    if args["dataset_path"]:
+        errors += errors_of(lambda kind=kind: job.update(trainer.storage(kind)[1]))
+        job.setdefault(f"{kind}_uri", sources.get(f"{kind}_uri"))  # the initializer's URI, as the TrainJob will carry it
+    if args.get("dataset_path"):
         errors += errors_of(lambda: dataset_path_arg(args["dataset_path"]))
     errors += check_overrides(trainer.extra_overrides(), [])
-    if isinstance(args["overrides"], list):
+    if isinstance(args.get("overrides"), list):
         errors += rules.check_args("overrides", args["overrides"])
-    prompt = args["settings"].get("system_prompt")
+    prompt = (args.get("settings") or {}).get("system_prompt")
     errors += rules.check_secret_text("system_prompt", prompt) if isinstance(prompt, str) else []
-    errors += trainjob_errors({**args["inputs"], **local_inputs}, local=_local(values))
-    _raise(errors)
+    return errors + trainjob_errors(job, local=local)
 
 
 def check_function(values: Mapping[str, Any], function: Mapping[str, Any] | None = None) -> None:

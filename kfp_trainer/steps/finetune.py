@@ -408,8 +408,14 @@ def run_torchtune_finetune(
     Returns:
         The launcher's ``Outcome``.
     """
+    from .checks import torchtune_errors
     from .train_job import run_train_job
 
+    arguments = {"method": method, "settings": settings, "sources": sources, "dataset_path": dataset_path,
+                 "learning_rate": learning_rate, "seed": seed, "overrides": overrides, "inputs": launch.get("inputs")}  # fmt: skip
+    errors = torchtune_errors(arguments, local=True)  # what a built pipeline checked too; the backend's rules follow
+    if errors:
+        raise InvalidSpecErrors(errors)
     trainer = TorchTuneFinetune(
         torchtune_settings(method, **settings),
         dataset_path=dataset_path or "",

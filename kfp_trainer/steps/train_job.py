@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import cancel, naming
-from ..errors import UserError
+from ..errors import InvalidSpecErrors, UserError
 from .common import (
     copy_dir,
     dir_stats,
@@ -241,6 +241,11 @@ def run_train_job(
     key = f"{naming.label_value(task_name or 'train-job')[:40].strip('-_.') or 'train'}-{naming.digest(key_source)}"
     ctx = None
     if trainer is not None:
+        from .checks import trainjob_errors
+
+        early = trainjob_errors(merged, local=local)  # the inputs given, before the runtime is read
+        if early:
+            raise InvalidSpecErrors(early)
         probe = TrainJobInputs.parse(**{k: merged[k] for k in ("runtime", "runtime_kind", "namespace") if merged.get(k)})
         ctx = TrainerContext(
             backend=chosen, runtime=chosen.resolve_runtime(probe), inputs=merged, local=local, shared_root=shared_root, key=key,
