@@ -11,7 +11,9 @@ component made with :func:`with_run_context` fills in, on every task created fro
   declares a workspace (``dsl.PipelineConfig(workspace=...)``),
 
 unless the call passes them itself. The compiled task then carries the placeholders, and
-``train_job(runtime=..., image=..., command=...)`` works on a cluster as it is.
+``train_job(runtime=..., image=..., command=...)`` works on a cluster as it is. (A launcher in a
+nested pipeline gets the enclosing pipeline's workspace: :mod:`.nested`.) The same call also
+checks the literal arguments and sets the launcher's defaults: :mod:`.calls`.
 
 Example:
     >>> from kfp import dsl
@@ -108,6 +110,9 @@ _CLASSES: dict[type, type] = {}
 
 def with_run_context(component: Any) -> Any:
     """Make ``component`` (a Python or YAML component) fill in its run context on every call.
+
+    Its calls also coerce integers given to float inputs, check the literal arguments as the
+    step would and, for a launcher, turn caching off (:func:`.calls.call`).
 
     Returns:
         The same component object, now of a subclass of its class that adds the context.

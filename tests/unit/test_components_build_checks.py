@@ -120,9 +120,11 @@ def test_each_refusal_names_the_field_the_value_and_what_is_allowed():
     assert any("refused while the pipeline was built" in note for note in many.__notes__)
 
 
-def test_a_literal_credential_reaches_neither_the_yaml_nor_kfp_local(tmp_path, capfd):
+def test_a_literal_credential_reaches_neither_the_yaml_nor_kfp_local(tmp_path, capfd, monkeypatch):
     from kfp import local
+    from kfp.local import config
 
+    monkeypatch.setattr(config.LocalExecutionConfig, "instance", config.LocalExecutionConfig.instance)  # restored after
     refused_at_build(lambda: dataset_initializer(uri=S3))
     refused_at_build(lambda: train_job(model_uri=S3))
     root = tmp_path / "root"
