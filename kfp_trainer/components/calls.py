@@ -133,7 +133,8 @@ def check_literals(component: Any, kwargs: dict[str, Any]) -> None:
         shown = [error for error in e.errors if _shown(error, unknown)]
         if shown:
             refused = InvalidSpecErrors(shown)
-            refused.add_note(f"{component.name}(...): refused while the pipeline was built, as its step would refuse it")
+            if hasattr(refused, "add_note"):  # Python 3.11+: shown under the traceback, not in the message
+                refused.add_note(f"{component.name}(...): refused while the pipeline was built, as its step would refuse it")
             raise refused from None
 
 
