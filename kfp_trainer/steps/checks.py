@@ -96,7 +96,7 @@ def check_train_job(values: Mapping[str, Any]) -> None:
 
 def check_torchtune_finetune(values: Mapping[str, Any]) -> None:
     """The ``torchtune_finetune`` component's inputs, as :func:`~kfp_trainer.steps.run_torchtune_finetune` checks them."""
-    from .finetune import torchtune_finetune_arguments
+    from .finetune_inputs import torchtune_finetune_arguments
 
     args = torchtune_finetune_arguments(dict(values))
     _raise(launch_option_errors(values, _TORCHTUNE_LAUNCH) + torchtune_errors(args, local=_local(values)))
@@ -105,12 +105,13 @@ def check_torchtune_finetune(values: Mapping[str, Any]) -> None:
 def torchtune_errors(args: Mapping[str, Any], *, local: bool) -> list[ValidationError]:
     """Problems of a fine-tune's settings, sources and TrainJob inputs, before its runtime is known.
 
-    ``args`` are :func:`~kfp_trainer.steps.finetune.torchtune_finetune_arguments`' (the step checks
+    ``args`` are :func:`~kfp_trainer.steps.finetune_inputs.torchtune_finetune_arguments`' (the step checks
     its own arguments with this first, so both times give the same message).
     """
     from ..llm.tune_output import check_overrides
     from ..spec import rules
-    from .finetune import TorchTuneFinetune, dataset_path_arg, torchtune_settings
+    from .finetune import TorchTuneFinetune, dataset_path_arg
+    from .finetune_inputs import torchtune_settings
 
     errors = errors_of(lambda: torchtune_settings(args["method"], **args["settings"]))
     sources = {k: v for k, v in (args.get("sources") or {}).items() if v is not None}
