@@ -24,8 +24,9 @@ from typing import Any
 
 import yaml
 
-from .cli_inputs import add_input_flags, inputs_from_args, json_value
+from .cli_inputs import add_input_flags, inputs_from_args, json_value, seconds
 from .errors import CancelledError, KfpTrainerError
+from .numbers import parse_float, parse_int
 
 
 def cmd_render(ns: argparse.Namespace) -> int:
@@ -102,9 +103,9 @@ def _typed(text: str, kind: str, name: str) -> Any:
         if kind == "String":
             return text
         if kind == "Integer":
-            return int(text)
+            return parse_int(text, f"--param {name}")
         if kind == "Float":
-            return float(text)
+            return parse_float(text, f"--param {name}")
         if kind == "Boolean":
             if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(text)
@@ -226,9 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--api-version", default="auto", choices=["v2.1", "v2.2", "auto"])
     launch.add_argument("--kubeconfig")
     launch.add_argument("--local", action="store_true", help="run on this machine instead of a cluster")
-    launch.add_argument("--start-timeout", type=float, default=3600.0)
-    launch.add_argument("--run-timeout", type=float, default=0.0)
-    launch.add_argument("--queue-timeout", type=float, default=0.0, help="seconds the job may wait suspended in its queue")
+    launch.add_argument("--start-timeout", type=seconds, default=3600.0)
+    launch.add_argument("--run-timeout", type=seconds, default=0.0)
+    launch.add_argument("--queue-timeout", type=seconds, default=0.0, help="seconds the job may wait suspended in its queue")
     launch.add_argument("--logs", default="0", help="trainer node index, 'all' or 'none'")
     launch.add_argument("--delete-after-success", action="store_true")
     launch.set_defaults(func=cmd_launch)

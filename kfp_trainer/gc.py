@@ -33,7 +33,7 @@ from typing import Any
 
 MANAGED_BY = "app.kubernetes.io/managed-by=kfp-trainer"
 WORKFLOW_RUN_LABEL = "pipeline/runid"
-_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_AGE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")  # ASCII digits: float() would take '١٢' too
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 

@@ -1,7 +1,7 @@
 """Kubernetes resource quantities ("500m", "2Gi", "1e3"): parse and compare. Pure.
 
 Only what the API server accepts parses: the whole string must match (no spaces, no
-trailing newline), numbers must be finite, and exponents stay small enough that a value
+trailing newline, ASCII digits only: not ``'١٢'`` or ``'１２'``), numbers must be finite, and exponents stay small enough that a value
 cannot overflow the server's 64-bit representation unnoticed.
 
 Example:
@@ -15,7 +15,8 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 
-_QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))((?:[KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d{1,3})?")
+# ASCII digits only: Python's \d (and Decimal) also take other scripts' digits, the API server does not.
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))((?:[KMGTPE]i)|[numkMGTPE]|[eE][+-]?[0-9]{1,3})?")
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
     "n": Decimal("1e-9"),

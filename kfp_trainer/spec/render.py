@@ -106,7 +106,7 @@ def _trainer(inputs: TrainJobInputs) -> dict[str, Any]:
         trainer["numNodes"] = inputs.num_nodes
     ppn = inputs.num_proc_per_node
     if ppn is not None:
-        trainer["numProcPerNode"] = int(ppn) if isinstance(ppn, int) or str(ppn).isdecimal() else ppn
+        trainer["numProcPerNode"] = int(ppn) if isinstance(ppn, int) or (str(ppn).isascii() and str(ppn).isdecimal()) else ppn
     if inputs.resources_per_node:
         trainer["resourcesPerNode"] = _quantities_as_text(inputs.resources_per_node)
     return trainer
@@ -123,8 +123,15 @@ def _quantities_as_text(resources: dict[str, Any]) -> dict[str, Any]:
     for kind in ("limits", "requests"):
         values = out.get(kind)
         if isinstance(values, dict):
-            out[kind] = {k: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in values.items()}
+            out[kind] = {k: _number_as_text(v) for k, v in values.items()}
     return out
+
+
+def _number_as_text(value: Any) -> Any:
+    """A whole number as the API server writes it (``2.0`` -> ``"2"``); validation refuses fractions."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return str(int(value)) if isinstance(value, int) or value.is_integer() else repr(value)
 
 
 def _initializer(inputs: TrainJobInputs) -> dict[str, Any]:
