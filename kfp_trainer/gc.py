@@ -149,7 +149,7 @@ class Collector:
         """What gc makes of one TrainJob."""
         from .backends import owner
         from .backends.base import trainjob_status
-        from .backends.kube.lifecycle import describe
+        from .backends.owner import describe
         from .spec import ANNOTATION_RUN, ANNOTATION_TASK, LABEL_RUN, LABEL_TASK
 
         meta = job["metadata"]
