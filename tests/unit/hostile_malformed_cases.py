@@ -67,6 +67,12 @@ MALFORMED_CASES: list[Case] = [
     ),
 ]
 
+# The train_job component's own options (a KFP float input may reach the step as text).
+MALFORMED_COMPONENT_CASES: list[Case] = [
+    Case(f"{option}-arabic-indic-digits", {option: ARABIC_12}, option, layers=("component",))
+    for option in ("start_timeout", "run_timeout", "queue_timeout")
+] + [Case("logs-fullwidth-node-index", {"logs": FULLWIDTH_12}, "logs", layers=("component",))]
+
 R = ("render", "--run-id", "r")
 MALFORMED_CLI_CASES: list[CliCase] = [
     CliCase("flag-env-plain-secret-without-equals", (*R, "--env", PLAIN), "NAME=VALUE"),
