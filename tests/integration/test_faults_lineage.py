@@ -104,15 +104,17 @@ def test_an_explicitly_named_earlier_try_whose_launcher_runs_is_left_alone_and_t
     ns = checked
     first = Output(start_launch(cluster.kubeconfig, ns, "r", "--name", "fixed", "--env", "LR=0.1", *script_args(FORE)))
     first.wait_for("step 1")
-    uid = custom(api_client).get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, "fixed")["metadata"]["uid"]
-    other = Output(start_launch(cluster.kubeconfig, ns, "r", "--name", "fixed", "--env", "LR=0.2", *script_args(FORE)))
-    assert other.finish() == 2, other.text
-    assert f"TrainJob {ns}/fixed belongs to this run and task with other inputs" in other.text
-    assert "still runs it; it is left alone" in other.text and "Traceback" not in other.text
-    assert custom(api_client).get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, "fixed")["metadata"]["uid"] == uid
-    first.wait_for("step 3")  # still followed by its own launcher
-    first.proc.send_signal(signal.SIGTERM)
-    assert first.finish() == 130, first.text
+    try:
+        uid = custom(api_client).get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, "fixed")["metadata"]["uid"]
+        other = Output(start_launch(cluster.kubeconfig, ns, "r", "--name", "fixed", "--env", "LR=0.2", *script_args(FORE)))
+        assert other.finish() == 2, other.text
+        assert f"TrainJob {ns}/fixed belongs to this run and task with other inputs" in other.text
+        assert "still runs it; it is left alone" in other.text and "Traceback" not in other.text
+        assert custom(api_client).get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, "fixed")["metadata"]["uid"] == uid
+        first.wait_for("step 3")  # still followed by its own launcher
+    finally:
+        first.proc.send_signal(signal.SIGTERM)  # its cancel deletes its job
+        assert first.finish() == 130, first.text
 
 
 def test_fifty_concurrent_launchers_of_one_task_make_one_job(api_client, checked):
