@@ -66,6 +66,24 @@ def parse_quantity(value: str | int | float) -> Decimal:
         raise ValueError(f"not a quantity: {value!r}") from None
 
 
+def number_as_quantity(value: int | float) -> str | None:
+    """A quantity given as a JSON number, written as the API server stores it; None when finer than 1n.
+
+    The server reads a number's JSON text as a quantity (the Trainer's webhook stores the
+    TrainJob's ``0.1`` as ``"100m"``); Python's shortest ``repr`` is that text.
+
+    Example:
+        >>> [number_as_quantity(v) for v in (8, 2.0, 0.1, 1.5, 0.0001, 2.5e-8, 1e-10)]
+        ['8', '2', '100m', '1500m', '100u', '25n', None]
+    """
+    amount = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+    for suffix, exponent in (("", 0), ("m", 3), ("u", 6), ("n", 9)):
+        scaled = amount.scaleb(exponent)
+        if scaled == scaled.to_integral_value():
+            return f"{int(scaled)}{suffix}"
+    return None
+
+
 def is_quantity(value: object) -> bool:
     """True when ``value`` parses as a Kubernetes quantity."""
     try:

@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import naming
 from ..errors import InvalidSpecErrors, ValidationError
+from ..quantity import number_as_quantity
 from .inputs import (
     ANNOTATION_RUN,
     ANNOTATION_TASK,
@@ -113,7 +114,7 @@ def _trainer(inputs: TrainJobInputs) -> dict[str, Any]:
 
 
 def _quantities_as_text(resources: dict[str, Any]) -> dict[str, Any]:
-    """Resource quantities as strings (``8`` -> ``"8"``), as the API stores them after the Trainer webhook.
+    """Resource quantities as strings (``8`` -> ``"8"``, ``0.5`` -> ``"500m"``), as the API stores them after the Trainer webhook.
 
     Example:
         >>> _quantities_as_text({"limits": {"nvidia.com/gpu": 8, "memory": "16Gi"}})
@@ -128,10 +129,10 @@ def _quantities_as_text(resources: dict[str, Any]) -> dict[str, Any]:
 
 
 def _number_as_text(value: Any) -> Any:
-    """A whole number as the API server writes it (``2.0`` -> ``"2"``); validation refuses fractions."""
+    """A number as the API server stores it (``2.0`` -> ``"2"``, ``0.1`` -> ``"100m"``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return value
-    return str(int(value)) if isinstance(value, int) or value.is_integer() else repr(value)
+    return number_as_quantity(value) or repr(value)  # finer than 1n: validation refuses it
 
 
 def _initializer(inputs: TrainJobInputs) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..errors import ValidationError
-from ..quantity import parse_quantity
+from ..quantity import number_as_quantity, parse_quantity
 from ..redaction import HIDDEN, find_secret, harmless_literal, is_secret_name
 from .inputs import INT64_MAX, MAX_DEPTH, MAX_NODES_IN_VALUE, MAX_VALUE_BYTES
 
@@ -271,15 +271,15 @@ def whole_units_only(resource: Any) -> str:
 def check_quantity(field: str, value: Any, resource: str = "") -> list[ValidationError]:
     """A Kubernetes quantity (``'2'``, ``'500m'``, ``'16Gi'``, ``4``): finite, >= 0, within 64 bits.
 
-    A number must be whole (``2``, or ``2.0`` as KFP passes it): the TrainJob's quantities are
-    integers or strings, and ``0.1`` written as a number is refused with the string to use.
-    Of ``resource`` (when given) no fraction of a byte or of an extended resource's device.
+    A number is read as the API server reads it (``0.1`` is ``100m``), down to ``1n``. Of
+    ``resource`` (when given) no fraction of a byte or of an extended resource's device: the
+    server would store 1.5 bytes of memory, and pods cannot request half a GPU.
 
     Example:
         >>> check_quantity("cpu", "500m"), len(check_quantity("cpu", "NaN")), len(check_quantity("memory", "9Ei"))
         ([], 1, 1)
-        >>> [e.allowed for e in check_quantity("limits['cpu']", 0.1)]
-        ["a quantity string for a fraction, e.g. '100m' (a number must be whole: the TrainJob takes integers or strings)"]
+        >>> check_quantity("cpu", 0.1, "cpu"), [e.allowed for e in check_quantity("memory", 1.5, "memory")]
+        ([], ["a whole number of bytes (this is 1.5 bytes): write the unit, e.g. '1.5Gi'"])
     """
     try:
         amount = parse_quantity(value)
@@ -296,14 +296,9 @@ def check_quantity(field: str, value: Any, resource: str = "") -> list[Validatio
         return [ValidationError(field, value, f"a whole number of bytes (this is {plain} bytes): write the unit, e.g. '{plain}Gi'")]
     if unit:
         return [ValidationError(field, value, f"a whole number: pods cannot request a fraction of {unit}")]
-    if isinstance(value, float):
-        milli = amount * 1000
-        hint = format(milli.normalize(), "f") + "m" if milli == milli.to_integral_value() else plain
-        return [ValidationError(field, value, f"a quantity string for a fraction, e.g. '{hint}' {_WHOLE_NUMBERS}")]
+    if isinstance(value, float) and number_as_quantity(value) is None:
+        return [ValidationError(field, value, "a multiple of 1n (0.000000001), the finest the API server keeps")]
     return []
-
-
-_WHOLE_NUMBERS = "(a number must be whole: the TrainJob takes integers or strings)"
 
 
 def check_resources(field: str, resources: Any) -> list[ValidationError]:

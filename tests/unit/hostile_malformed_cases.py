@@ -3,7 +3,8 @@
 A malformed env item (extra keys, a list, a value that is not text, a control character)
 is refused without showing any of its values; a number is read only from ASCII digits
 (Python's ``int('١٢')`` is 12, the API server's is an error); a quantity given as a
-fractional number, a fraction of a byte or of a device is refused with the string to use.
+number is read as the API server reads it (``0.1`` is ``"100m"``), but a fraction of a byte or
+of a device is refused with the string to use.
 """
 
 from __future__ import annotations
@@ -53,17 +54,17 @@ MALFORMED_CASES: list[Case] = [
     Case("memory-fullwidth-digits", {"resources_per_node": {"limits": {"memory": FULLWIDTH_12 + "Gi"}}},
          "resources_per_node.limits['memory']"),  # fmt: skip
     # ------------------------------------------------------------------ quantities as numbers, fractions
-    Case("cpu-a-fractional-number", {"resources_per_node": {"limits": {"cpu": 0.1}}}, "resources_per_node.limits['cpu']"),
+    Case("cpu-finer-than-a-nanocore", {"resources_per_node": {"limits": {"cpu": 1e-10}}}, "resources_per_node.limits['cpu']"),
     Case("memory-a-fractional-number", {"resources_per_node": {"requests": {"memory": 1.5}}}, "resources_per_node.requests['memory']"),
     Case("memory-a-fraction-of-a-byte", {"resources_per_node": {"limits": {"memory": "1500m"}}}, "resources_per_node.limits['memory']"),
     Case("gpu-a-fraction", {"resources_per_node": {"limits": {"nvidia.com/gpu": 0.5}}}, "resources_per_node.limits['nvidia.com/gpu']"),
-    Case("patch-cpu-a-fractional-number", {"patch": {"spec": {"trainer": {"resourcesPerNode": {"limits": {"cpu": 0.1}}}}}},
-         "patch.spec.trainer.resourcesPerNode.limits['cpu']"),  # fmt: skip
+    Case("patch-memory-a-fractional-number", {"patch": {"spec": {"trainer": {"resourcesPerNode": {"limits": {"memory": 1.5}}}}}},
+         "patch.spec.trainer.resourcesPerNode.limits['memory']"),  # fmt: skip
     Case(
-        "quantities-whole-numbers-as-kfp-passes-them",
-        {"resources_per_node": {"limits": {"cpu": 2.0, "memory": 17179869184.0, "nvidia.com/gpu": 1.0}, "requests": {"cpu": "500m"}}},
+        "quantities-as-numbers-rendered-as-the-api-server-stores-them",
+        {"resources_per_node": {"limits": {"cpu": 2.0, "memory": 17179869184.0, "nvidia.com/gpu": 1.0}, "requests": {"cpu": 0.1}}},
         check=lambda m: trainer(m)["resourcesPerNode"]
-        == {"limits": {"cpu": "2", "memory": "17179869184", "nvidia.com/gpu": "1"}, "requests": {"cpu": "500m"}},
+        == {"limits": {"cpu": "2", "memory": "17179869184", "nvidia.com/gpu": "1"}, "requests": {"cpu": "100m"}},
     ),
 ]
 
@@ -88,7 +89,7 @@ MALFORMED_CLI_CASES: list[CliCase] = [
     CliCase("flag-grace-arabic-indic", (*R, "--termination-grace-period-seconds", ARABIC_12), "--termination-grace-period-seconds"),
     CliCase("flag-procs-arabic-indic", (*R, "--num-proc-per-node", ARABIC_12), "num_proc_per_node"),
     CliCase("flag-memory-fullwidth", (*R, "--resources-per-node", f'{{"limits": {{"memory": "{FULLWIDTH_12}Gi"}}}}'), "memory"),
-    CliCase("flag-cpu-fractional-number", (*R, "--resources-per-node", '{"limits": {"cpu": 0.1}}'), "'100m'"),
+    CliCase("flag-memory-fractional-number", (*R, "--resources-per-node", '{"limits": {"memory": 1.5}}'), "whole number of bytes"),
     *[
         CliCase(f"flag-launch-{flag}-arabic-indic", ("launch", "--run-id", "r", f"--{flag}", ARABIC_12), f"--{flag}")
         for flag in ("start-timeout", "run-timeout", "queue-timeout")
