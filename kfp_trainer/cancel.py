@@ -23,7 +23,9 @@ finalizer or a logging handler ("Exception ignored in ..."), and a library may c
 leaves it); until then a watchdog thread sends the signal to the main thread again every
 :data:`REDELIVER_AFTER` seconds, which also wakes a blocking read. A signal that arrives while a
 cancel is on its way out (in a ``finally`` or an ``except`` it passes through) raises nothing:
-the cleanup on its way runs to its end.
+the cleanup on its way runs to its end. Nor does one that arrives while a thread is being
+started (``threading.Thread.start`` cannot be interrupted safely): it is put on record and
+sent again by the watchdog at once, to be raised right after the start.
 
 Example:
     >>> install()                                 # doctest: +SKIP
@@ -66,7 +68,7 @@ class _Latch:
         self.stop = threading.Event()
         self.watchdog: threading.Thread | None = None
 
-    def handler(self, signum: int, _frame: Any) -> None:
+    def handler(self, signum: int, frame: Any) -> None:
         if self.sent > self.received:  # our redelivery (or a signal in its place)
             self.received += 1
             if self.fired is None:  # acknowledged since it was sent
@@ -74,6 +76,11 @@ class _Latch:
             signum = self.fired
         if self.mode == RAISE:
             if isinstance(sys.exc_info()[1], CancelledError):  # one is on its way out (a finally, an except): let it go
+                return
+            if _starting_thread(frame):  # raised there, it breaks threading's books: the watchdog sends it again at once
+                if self.fired is None:
+                    self.fired = signum
+                self.fired_at = time.monotonic() - REDELIVER_AFTER
                 return
             raise self.deliver(signum)
         if self.pending is None:
@@ -97,6 +104,20 @@ class _Latch:
 
 
 _latch = _Latch()
+_THREAD_START = threading.Thread.start.__code__
+
+
+def _starting_thread(frame: Any) -> bool:
+    """Whether ``frame`` runs inside ``threading.Thread.start``.
+
+    An exception raised there after the new thread began makes ``start`` and the thread both
+    remove it from ``threading._limbo``: ``KeyError``, a traceback, in one of them.
+    """
+    while frame is not None:
+        if frame.f_code is _THREAD_START:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def cancelled(signum: int) -> CancelledError:

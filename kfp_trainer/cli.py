@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from .cli_inputs import add_input_flags, inputs_from_args
+from .cli_inputs import add_input_flags, inputs_from_args, seconds
 from .cli_run import task_outputs
 from .errors import CancelledError, KfpTrainerError
 
@@ -150,13 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--kubeconfig", metavar="PATH", help=kubeconfig_help)
     launch.add_argument("--local", action="store_true", help="run on this machine (the local TrainJob backend) instead of a cluster")
     launch.add_argument(
-        "--start-timeout", type=float, default=3600.0, metavar="SECONDS",
+        "--start-timeout", type=seconds, default=3600.0, metavar="SECONDS",
         help="seconds the job may take to start (scheduling, image pulls), not counting time queued; 0: no limit",
     )  # fmt: skip
     launch.add_argument(
-        "--run-timeout", type=float, default=0.0, metavar="SECONDS", help="seconds the trainer may run once started; 0: no limit"
+        "--run-timeout", type=seconds, default=0.0, metavar="SECONDS", help="seconds the trainer may run once started; 0: no limit"
     )
-    launch.add_argument("--queue-timeout", type=float, default=0.0, metavar="SECONDS",
+    launch.add_argument("--queue-timeout", type=seconds, default=0.0, metavar="SECONDS",
                         help="seconds the job may wait suspended in its queue (Kueue); 0: no limit")  # fmt: skip
     launch.add_argument("--logs", default="0", metavar="WHICH", help="trainer node whose log is streamed (0, 1, ...), all, or none")
     launch.add_argument("--delete-after-success", action="store_true", help="delete the TrainJob once it succeeded")

@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError
+from .errors import UserError, ValidationError
+from .numbers import parse_float, parse_int
 from .redaction import redact_text
 from .spec import TrainJobInputs
 
@@ -89,9 +90,17 @@ def json_value(text: str) -> Any:
 
 def _whole_number(text: str) -> int:
     try:
-        return int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a whole number") from None
+        return parse_int(text, "value")
+    except ValidationError as e:  # argparse names the flag
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def seconds(text: str) -> float:
+    """A number of seconds on the command line (ASCII digits; the range is checked with the other options)."""
+    try:
+        return parse_float(text, "value")
+    except ValidationError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:
@@ -273,10 +282,10 @@ def inputs_from_args(ns: argparse.Namespace) -> TrainJobInputs:
         if not isinstance(env, dict):
             raise UserError("--env: cannot be combined with an env list in --inputs-file; give env as a map there")
         env = dict(env)
-        for item in ns.env:
+        for i, item in enumerate(ns.env):
             key, sep, value = item.partition("=")
-            if not sep:
-                raise UserError(f"--env {redact_text(item)!r}: expected NAME=VALUE")
+            if not sep:  # the text is not shown: without a NAME= it may be the value alone
+                raise UserError(f"--env (item {i + 1} of {len(ns.env)}, {len(item)} characters without '='): expected NAME=VALUE")
             env[key] = value
         given["env"] = env
     if isinstance(given.get("num_proc_per_node"), str) and given["num_proc_per_node"].isascii() and given["num_proc_per_node"].isdigit():

@@ -14,6 +14,7 @@ from typing import Any
 
 from .cli_inputs import json_value
 from .errors import EXIT_JOB_FAILED, UserError
+from .numbers import parse_float, parse_int
 
 
 def load_pipeline(target: str) -> tuple[Any, Any]:
@@ -45,9 +46,9 @@ def _typed(text: str, kind: str, name: str) -> Any:
         if kind == "String":
             return text
         if kind == "Integer":
-            return int(text)
+            return parse_int(text, f"--param {name}")
         if kind == "Float":
-            return float(text)
+            return parse_float(text, f"--param {name}")
         if kind == "Boolean":
             if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(text)

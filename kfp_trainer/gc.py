@@ -33,7 +33,7 @@ from typing import Any
 
 MANAGED_BY = "app.kubernetes.io/managed-by=kfp-trainer"
 WORKFLOW_RUN_LABEL = "pipeline/runid"
-_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_AGE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")  # ASCII digits: float() would take '١٢' too
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -149,7 +149,7 @@ class Collector:
         """What gc makes of one TrainJob."""
         from .backends import owner
         from .backends.base import trainjob_status
-        from .backends.kube.lifecycle import describe
+        from .backends.owner import describe
         from .spec import ANNOTATION_RUN, ANNOTATION_TASK, LABEL_RUN, LABEL_TASK
 
         meta = job["metadata"]

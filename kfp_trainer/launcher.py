@@ -293,15 +293,6 @@ class Launcher:
         logs_thread = None
         if remote:
             self.say(f"{spec.MULTIKUEUE} runs this TrainJob on a worker cluster: its status is mirrored here, its pods and logs are there")
-        elif options.logs != "none":
-            logs_thread = threading.Thread(
-                target=self.backend.follow_logs,
-                args=(outcome.ref,),
-                kwargs={"nodes": options.logs, "sink": printer, "stop": stop},
-                name="trainer-logs",
-                daemon=True,
-            )
-            logs_thread.start()
         blockers_seen: dict[str, float] = {}
         last_check = begin  # a job that starts within the interval costs no blocker watches
         last_phase: Phase | None = None
@@ -309,6 +300,15 @@ class Launcher:
         failing = True
         now = begin
         try:
+            if options.logs != "none" and not remote:  # started inside: a cancel right after stops it below
+                logs_thread = threading.Thread(
+                    target=self.backend.follow_logs,
+                    args=(outcome.ref,),
+                    kwargs={"nodes": options.logs, "sink": printer, "stop": stop},
+                    name="trainer-logs",
+                    daemon=True,
+                )
+                logs_thread.start()
             for status in statuses:
                 now = self.clock()
                 if status is not None:
@@ -342,7 +342,7 @@ class Launcher:
             close = getattr(statuses, "close", None)
             if close is not None:
                 close()
-            if logs_thread is not None:
+            if logs_thread is not None and logs_thread.ident is not None:
                 stop.set()  # followers read what is left and return
                 logs_thread.join(min(1.0, options.log_drain_timeout) if failing else options.log_drain_timeout)
             printer.close()

@@ -1,7 +1,7 @@
 """Kubernetes resource quantities ("500m", "2Gi", "1e3"): parse and compare. Pure.
 
 Only what the API server accepts parses: the whole string must match (no spaces, no
-trailing newline), numbers must be finite, and exponents stay small enough that a value
+trailing newline, ASCII digits only: not ``'١٢'`` or ``'１２'``), numbers must be finite, and exponents stay small enough that a value
 cannot overflow the server's 64-bit representation unnoticed.
 
 Example:
@@ -15,7 +15,8 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 
-_QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))((?:[KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d{1,3})?")
+# ASCII digits only: Python's \d (and Decimal) also take other scripts' digits, the API server does not.
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))((?:[KMGTPE]i)|[numkMGTPE]|[eE][+-]?[0-9]{1,3})?")
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
     "n": Decimal("1e-9"),
@@ -63,6 +64,24 @@ def parse_quantity(value: str | int | float) -> Decimal:
         return number.scaleb(int(suffix[1:]))
     except (InvalidOperation, ValueError, OverflowError):
         raise ValueError(f"not a quantity: {value!r}") from None
+
+
+def number_as_quantity(value: int | float) -> str | None:
+    """A quantity given as a JSON number, written as the API server stores it; None when finer than 1n.
+
+    The server reads a number's JSON text as a quantity (the Trainer's webhook stores the
+    TrainJob's ``0.1`` as ``"100m"``); Python's shortest ``repr`` is that text.
+
+    Example:
+        >>> [number_as_quantity(v) for v in (8, 2.0, 0.1, 1.5, 0.0001, 2.5e-8, 1e-10)]
+        ['8', '2', '100m', '1500m', '100u', '25n', None]
+    """
+    amount = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+    for suffix, exponent in (("", 0), ("m", 3), ("u", 6), ("n", 9)):
+        scaled = amount.scaleb(exponent)
+        if scaled == scaled.to_integral_value():
+            return f"{int(scaled)}{suffix}"
+    return None
 
 
 def is_quantity(value: object) -> bool:

@@ -243,6 +243,25 @@ def scrub(value: Any, *, limit: int = 2000) -> Any:
     return copy(value, 0)
 
 
+def env_item_shape(item: Any) -> Any:
+    """What an error may show of a malformed env item: its keys and its name, every value hidden.
+
+    A malformed item says nothing about which of its values is the secret, so none of its
+    texts is shown.
+
+    Example:
+        >>> env_item_shape({"name": "HF_TOKEN", "value": "hf_x", "extra": 1}), env_item_shape(["HF_TOKEN", "hf_x"])
+        ({'name': 'HF_TOKEN', 'value': '<hidden>', 'extra': '<hidden>'}, 'a list of 2 items')
+    """
+    if isinstance(item, dict):
+        return {k: v if k == "name" and isinstance(v, str) else HIDDEN for k, v in item.items()}
+    if isinstance(item, (list, tuple)):
+        return f"a list of {len(item)} items"
+    if item is None or isinstance(item, (bool, int, float)):
+        return item  # shown as any number is: hidden under a secret-like name, see shown_value
+    return HIDDEN
+
+
 def _path_names(field: str) -> list[str]:
     return [p for p in re.split(r"[.\[\]'\"]+", field) if p and not p.isdigit()]
 

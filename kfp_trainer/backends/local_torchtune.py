@@ -111,7 +111,7 @@ def _procs_per_node(trainer: dict[str, Any]) -> int:
     value = trainer.get("numProcPerNode")
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    if isinstance(value, str) and value.isdecimal() and int(value) > 0:
+    if isinstance(value, str) and value.isascii() and value.isdecimal() and int(value) > 0:
         return int(value)
     return DEFAULT_PROCS_PER_NODE
 

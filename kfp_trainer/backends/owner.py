@@ -105,3 +105,19 @@ def pod_alive(pod: dict[str, Any] | None, identity: dict[str, Any]) -> bool:
     if meta.get("deletionTimestamp"):
         return False
     return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def describe(identity: dict[str, Any] | None) -> str:
+    """A launcher identity for people.
+
+    Example:
+        >>> describe({"pod": "kubeflow/run-1-train", "uid": "u"})
+        'pod kubeflow/run-1-train'
+        >>> describe({"host": "laptop", "pid": 42, "start": 7})
+        'process 42 on laptop'
+    """
+    if not identity:
+        return "(none recorded)"
+    if "pod" in identity:
+        return f"pod {identity['pod']}"
+    return f"process {identity.get('pid')} on {identity.get('host')}"

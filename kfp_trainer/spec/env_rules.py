@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from ..errors import ValidationError
-from ..redaction import HIDDEN, harmless_literal, is_secret_name
+from ..redaction import HIDDEN, env_item_shape, harmless_literal, is_secret_name
 from .rules import DNS_LABEL, ENV_NAME, check_local_path, check_secret_text, check_structure, check_text, ok
 
 _ENV_FILE_KEY = re.compile(r"[!-<>-~]+")  # printable ASCII without space and '='
@@ -33,7 +33,7 @@ def check_env(field: str, env: Any, *, reserved: tuple[str, ...] = (), file_refs
     for i, item in enumerate(env):
         where = f"{field}[{i}]"
         if not isinstance(item, dict) or set(item) - {"name", "value", "valueFrom"}:
-            errors.append(ValidationError(where, item, "an EnvVar with keys name, value or valueFrom"))
+            errors.append(ValidationError(where, env_item_shape(item), "an EnvVar with keys name, value or valueFrom"))
             continue
         name = item.get("name")
         if not ok(ENV_NAME, name, 1024):
@@ -54,7 +54,7 @@ def check_env(field: str, env: Any, *, reserved: tuple[str, ...] = (), file_refs
                 )
             )
         if "value" in item and "valueFrom" in item:
-            errors.append(ValidationError(where, item, "either value or valueFrom, not both"))
+            errors.append(ValidationError(where, env_item_shape(item), "either value or valueFrom, not both"))
         elif "valueFrom" in item:
             errors += _check_value_from(f"{where}.valueFrom", item["valueFrom"], file_refs)
         elif "value" in item:
@@ -77,7 +77,7 @@ def _check_value_from(where: str, source: Any, file_refs: bool = True) -> list[V
         or next(iter(source)) not in kinds
         or not isinstance(next(iter(source.values())), dict)
     ):
-        return [ValidationError(where, source, "one of " + ", ".join(kinds))]
+        return [ValidationError(where, env_item_shape(source), "one of " + ", ".join(kinds))]
     if "fileKeyRef" in source:
         return check_file_key_ref(f"{where}.fileKeyRef", source["fileKeyRef"]) if file_refs else [
             ValidationError(f"{where}.fileKeyRef", source["fileKeyRef"], _NO_FILE_REFS)
@@ -105,9 +105,13 @@ def check_file_key_ref(where: str, ref: dict[str, Any]) -> list[ValidationError]
 
 def _check_env_value(where: str, name: str, value: Any) -> list[ValidationError]:
     if not isinstance(value, str):
-        return [ValidationError(where, value, "a string")]
+        kind = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "a map"}.get(type(value), "null")
+        shown = value if kind in ("a boolean", "a number") and not is_secret_name(name) else HIDDEN
+        return [ValidationError(where, shown, f"a string, not {kind}")]
     errors = check_text(where, value)
     if errors:
+        if is_secret_name(name):  # what is wrong with it, never the value
+            return [ValidationError(where, HIDDEN, e.allowed) for e in errors]
         return errors
     if is_secret_name(name) and not harmless_literal(value):
         return [

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 from .. import naming
 from ..errors import InvalidSpecErrors, ValidationError
+from ..redaction import env_item_shape
 from .resources import requirements
 
 GROUP = "trainer.kubeflow.org"
@@ -232,11 +233,14 @@ def _type_errors(error: pydantic.ValidationError, given: dict[str, Any]) -> list
             if not branch:
                 if field not in seen:
                     seen.add(field)
-                    out.append(ValidationError(field, value, _ENV_EXPECTED))
+                    out.append(ValidationError(field, env_item_shape(value), _ENV_EXPECTED))
                 continue
             if not rest or not rest[0].startswith(branch):
                 continue  # the other shape's complaint: not what the user meant
             rest = rest[1:]
+            path = field + "".join(f"[{p}]" if p.isdigit() else f"[{p!r}]" for p in rest)
+            out.append(ValidationError(path, env_item_shape(err.get("input")), _expected(err)))  # never an env value
+            continue
         elif rest and not rest[0].isdigit() and rest[0].startswith(("int", "str", "constrained-str", "function-")):
             rest = rest[1:]  # a union member's tag
             if field in seen:

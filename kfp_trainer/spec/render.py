@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import naming
 from ..errors import InvalidSpecErrors, ValidationError
+from ..quantity import number_as_quantity
 from .inputs import (
     ANNOTATION_RUN,
     ANNOTATION_TASK,
@@ -106,14 +107,14 @@ def _trainer(inputs: TrainJobInputs) -> dict[str, Any]:
         trainer["numNodes"] = inputs.num_nodes
     ppn = inputs.num_proc_per_node
     if ppn is not None:
-        trainer["numProcPerNode"] = int(ppn) if isinstance(ppn, int) or str(ppn).isdecimal() else ppn
+        trainer["numProcPerNode"] = int(ppn) if isinstance(ppn, int) or (str(ppn).isascii() and str(ppn).isdecimal()) else ppn
     if inputs.resources_per_node:
         trainer["resourcesPerNode"] = _quantities_as_text(inputs.resources_per_node)
     return trainer
 
 
 def _quantities_as_text(resources: dict[str, Any]) -> dict[str, Any]:
-    """Resource quantities as strings (``8`` -> ``"8"``), as the API stores them after the Trainer webhook.
+    """Resource quantities as strings (``8`` -> ``"8"``, ``0.5`` -> ``"500m"``), as the API stores them after the Trainer webhook.
 
     Example:
         >>> _quantities_as_text({"limits": {"nvidia.com/gpu": 8, "memory": "16Gi"}})
@@ -123,8 +124,15 @@ def _quantities_as_text(resources: dict[str, Any]) -> dict[str, Any]:
     for kind in ("limits", "requests"):
         values = out.get(kind)
         if isinstance(values, dict):
-            out[kind] = {k: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in values.items()}
+            out[kind] = {k: _number_as_text(v) for k, v in values.items()}
     return out
+
+
+def _number_as_text(value: Any) -> Any:
+    """A number as the API server stores it (``2.0`` -> ``"2"``, ``0.1`` -> ``"100m"``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return number_as_quantity(value) or repr(value)  # finer than 1n: validation refuses it
 
 
 def _initializer(inputs: TrainJobInputs) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..errors import ValidationError
-from ..quantity import parse_quantity
+from ..quantity import number_as_quantity, parse_quantity
 from ..redaction import HIDDEN, find_secret, harmless_literal, is_secret_name
 from .inputs import INT64_MAX, MAX_DEPTH, MAX_NODES_IN_VALUE, MAX_VALUE_BYTES
 
@@ -86,7 +86,7 @@ def check_structure(field: str, value: Any, *, path: Callable[[str, Any], str] =
     errors: list[ValidationError] = []
     budget = [MAX_NODES_IN_VALUE]
 
-    def walk(where: str, item: Any, depth: int) -> None:
+    def walk(where: str, item: Any, depth: int, hidden: bool = False) -> None:
         if len(errors) >= _MAX_ERRORS_PER_VALUE:
             return
         budget[0] -= 1
@@ -98,18 +98,20 @@ def check_structure(field: str, value: Any, *, path: Callable[[str, Any], str] =
             errors.append(ValidationError(where, "...", f"values nested at most {MAX_DEPTH} levels deep"))
             return
         if isinstance(item, dict):
+            secret_env = is_secret_name(item.get("name"))  # an EnvVar of a credential: its value is never shown
             for key, sub in item.items():
                 if not isinstance(key, str):
                     errors.append(ValidationError(where, key, "text keys only"))
                 elif CONTROL.search(key) or len(key) > 253:
                     errors.append(ValidationError(where, key, "keys of at most 253 characters without control characters"))
                 else:
-                    walk(path(where, key), sub, depth + 1)
+                    walk(path(where, key), sub, depth + 1, hidden or (secret_env and key == "value"))
         elif isinstance(item, list):
             for i, sub in enumerate(item):
-                walk(path(where, i), sub, depth + 1)
+                walk(path(where, i), sub, depth + 1, hidden)
         elif isinstance(item, str):
-            errors.extend(check_text(where, item))
+            found = check_text(where, item)
+            errors.extend([ValidationError(where, HIDDEN, e.allowed) for e in found] if hidden else found)
         elif isinstance(item, bool) or item is None:
             return
         elif isinstance(item, int):
@@ -247,21 +249,55 @@ def check_uri(field: str, uri: Any, schemes: tuple[str, ...]) -> list[Validation
     return []
 
 
-def check_quantity(field: str, value: Any) -> list[ValidationError]:
+_BYTE_RESOURCES = ("memory", "ephemeral-storage", "storage")
+
+
+def whole_units_only(resource: Any) -> str:
+    """What a resource counts in whole units (bytes; devices of an extended resource), or ``""`` (cpu: fractions are fine).
+
+    Example:
+        >>> whole_units_only("memory"), whole_units_only("nvidia.com/gpu"), whole_units_only("cpu")
+        ('bytes', 'nvidia.com/gpu', '')
+    """
+    if not isinstance(resource, str):
+        return ""
+    if resource in _BYTE_RESOURCES or resource.startswith("hugepages-"):
+        return "bytes"
+    if "/" in resource and not resource.startswith(("kubernetes.io/", "requests.")):
+        return resource  # an extended resource: the API server refuses fractions of one
+    return ""
+
+
+def check_quantity(field: str, value: Any, resource: str = "") -> list[ValidationError]:
     """A Kubernetes quantity (``'2'``, ``'500m'``, ``'16Gi'``, ``4``): finite, >= 0, within 64 bits.
+
+    A number is read as the API server reads it (``0.1`` is ``100m``), down to ``1n``. Of
+    ``resource`` (when given) no fraction of a byte or of an extended resource's device: the
+    server would store 1.5 bytes of memory, and pods cannot request half a GPU.
 
     Example:
         >>> check_quantity("cpu", "500m"), len(check_quantity("cpu", "NaN")), len(check_quantity("memory", "9Ei"))
         ([], 1, 1)
+        >>> check_quantity("cpu", 0.1, "cpu"), [e.allowed for e in check_quantity("memory", 1.5, "memory")]
+        ([], ["a whole number of bytes (this is 1.5 bytes): write the unit, e.g. '1.5Gi'"])
     """
     try:
         amount = parse_quantity(value)
     except (ValueError, TypeError):
-        return [ValidationError(field, value, "a Kubernetes quantity such as '2', '500m', '16Gi'")]
+        return [ValidationError(field, value, "a Kubernetes quantity such as '2', '500m', '16Gi' (ASCII digits)")]
     if amount < 0:
         return [ValidationError(field, value, "a quantity >= 0")]
     if amount > INT64_MAX:
         return [ValidationError(field, value, f"a quantity of at most {INT64_MAX} (the API server keeps 64 bits)")]
+    unit, plain = whole_units_only(resource), format(amount.normalize(), "f")
+    if amount == amount.to_integral_value():
+        return []
+    if unit == "bytes":
+        return [ValidationError(field, value, f"a whole number of bytes (this is {plain} bytes): write the unit, e.g. '{plain}Gi'")]
+    if unit:
+        return [ValidationError(field, value, f"a whole number: pods cannot request a fraction of {unit}")]
+    if isinstance(value, float) and number_as_quantity(value) is None:
+        return [ValidationError(field, value, "a multiple of 1n (0.000000001), the finest the API server keeps")]
     return []
 
 
@@ -280,7 +316,7 @@ def check_resources(field: str, resources: Any) -> list[ValidationError]:
             if not ok(QUALIFIED_NAME, name, 63) or (prefix and not ok(DNS_SUBDOMAIN, prefix, 253)):
                 errors.append(ValidationError(f"{field}.{kind}", res, "resource names such as cpu, memory, nvidia.com/gpu"))
             else:
-                errors += check_quantity(f"{field}.{kind}[{res!r}]", qty)
+                errors += check_quantity(f"{field}.{kind}[{res!r}]", qty, res)
     if errors:
         return errors
     limits, requests = resources.get("limits") or {}, resources.get("requests") or {}

@@ -96,7 +96,7 @@ class TypedTrainer(Protocol):
         """After success: fill ``ctx.output_model`` and add metrics, metadata and report rows."""
 
 
-_INTEGRAL = re.compile(r"^[+-]?\d+\.0+$")
+_INTEGRAL = re.compile(r"^[+-]?[0-9]+\.0+$")
 
 
 def normalize_values(inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -46,7 +46,9 @@ def _env_int(names: tuple[str, ...], default: int) -> int:
     for name in names:
         value = os.environ.get(name)
         if value not in (None, ""):
-            return int(value)
+            from kfp_trainer.numbers import parse_int  # ASCII digits only: int() would read '١٢' too
+
+            return parse_int(value.strip(), f"environment variable {name}")
     return default
 
 

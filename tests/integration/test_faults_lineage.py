@@ -82,6 +82,41 @@ def test_a_retry_with_other_inputs_replaces_the_stale_job_and_says_so(cluster, a
     # The stale one and everything under it went before the new one was created (the ledger checks the overlap).
 
 
+def test_a_retry_with_other_inputs_and_an_explicit_name_replaces_the_stale_job_of_that_name(cluster, api_client, checked, ledger):
+    ns = checked
+    first = Output(start_launch(cluster.kubeconfig, ns, "r", "--name", "fixed", "--env", "LR=0.1", *script_args(FORE)))
+    first.wait_for("step 1")
+    stale = custom(api_client).get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, "fixed")["metadata"]["uid"]
+    first.proc.send_signal(signal.SIGKILL)  # the step's pod died; its job runs on with no launcher
+    first.finish()
+    changed = ("--env", "LR=0.2", *script_args(PodScript(lines=LINES)), "--delete-after-success")
+    retry = Output(start_launch(cluster.kubeconfig, ns, "r", "--name", "fixed", *changed))
+    assert retry.finish() == 0, retry.text
+    assert f"replaced stale TrainJob {ns}/fixed of an earlier try of this task" in retry.text
+    assert f"created TrainJob {ns}/fixed" in retry.text
+    assert relayed(retry.text) == LINES  # the new job's pods, not the stale one's
+    ledger.wait_caught_up(api_client, ns)
+    assert [e.uid for e in ledger.created(ns)][0] == stale and len(ledger.created(ns)) == 2
+    # Nothing of either try is left, and the two were never alive at once (the checked fixture).
+
+
+def test_an_explicitly_named_earlier_try_whose_launcher_runs_is_left_alone_and_the_retry_fails_clearly(cluster, api_client, checked):
+    ns = checked
+    first = Output(start_launch(cluster.kubeconfig, ns, "r", "--name", "fixed", "--env", "LR=0.1", *script_args(FORE)))
+    first.wait_for("step 1")
+    try:
+        uid = custom(api_client).get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, "fixed")["metadata"]["uid"]
+        other = Output(start_launch(cluster.kubeconfig, ns, "r", "--name", "fixed", "--env", "LR=0.2", *script_args(FORE)))
+        assert other.finish() == 2, other.text
+        assert f"TrainJob {ns}/fixed belongs to this run and task with other inputs" in other.text
+        assert "still runs it; it is left alone" in other.text and "Traceback" not in other.text
+        assert custom(api_client).get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, "fixed")["metadata"]["uid"] == uid
+        first.wait_for("step 3")  # still followed by its own launcher
+    finally:
+        first.proc.send_signal(signal.SIGTERM)  # its cancel deletes its job
+        assert first.finish() == 130, first.text
+
+
 def test_fifty_concurrent_launchers_of_one_task_make_one_job(api_client, checked):
     ns = checked
     inp = inputs(ns, PodScript(lines=LINES, line_delay=0.1), run="r50")

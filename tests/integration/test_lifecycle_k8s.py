@@ -29,7 +29,7 @@ from kfp_trainer import spec
 from kfp_trainer.backends import owner
 from kfp_trainer.backends.base import JobRef
 from kfp_trainer.backends.kube.watch import watch
-from kfp_trainer.errors import DeletionTimeoutError, ForbiddenError, RejectedError
+from kfp_trainer.errors import DeletionTimeoutError, ForbiddenError, OwnershipError, RejectedError
 
 OLDER = Path(__file__).resolve().parents[2].parent / "shared" / "kubeflow-trainer-older"
 HOLD = "kfp-trainer.test/hold"
@@ -111,6 +111,39 @@ def test_a_retry_with_changed_inputs_replaces_the_stale_job_and_says_so(api_clie
     assert any(f"replaced stale TrainJob {stale.ref}" in note for note in retry.notes), retry.notes
     names = sorted(j["metadata"]["name"] for j in trainjobs(api_client, namespace))
     assert names == sorted([retry.ref.name, other_task.ref.name, other_run.ref.name])
+
+
+def test_an_explicitly_named_retry_with_changed_inputs_replaces_the_stale_job_of_that_name(api_client, namespace):
+    kube = backend(api_client, namespace)
+    stale = kube.submit(manifest(namespace, dead_launcher(), run="r1", name="fixed", env={"LR": "0.1"}))
+    old_digest = get_trainjob(api_client, namespace, "fixed")["metadata"]["labels"][spec.LABEL_DIGEST]
+    other_run = kube.submit(manifest(namespace, dead_launcher(), run="r2", name="fixed-r2", env={"LR": "0.1"}))
+
+    retry = kube.submit(manifest(namespace, run="r1", name="fixed", env={"LR": "0.2"}))
+
+    assert retry.ref.name == "fixed" and retry.ref.uid != stale.ref.uid and not retry.adopted
+    assert any(f"replaced stale TrainJob {stale.ref} of an earlier try" in note for note in retry.notes), retry.notes
+    now = get_trainjob(api_client, namespace, "fixed")
+    assert now["metadata"]["uid"] == retry.ref.uid and now["metadata"]["labels"][spec.LABEL_DIGEST] != old_digest
+    assert sorted((j["metadata"]["name"], j["metadata"]["uid"]) for j in trainjobs(api_client, namespace)) == sorted(
+        [("fixed", retry.ref.uid), ("fixed-r2", other_run.ref.uid)]
+    )
+
+
+def test_an_explicitly_named_earlier_try_whose_launcher_runs_is_left_alone_with_a_clear_error(api_client, namespace):
+    kube = backend(api_client, namespace)
+    running = kube.submit(manifest(namespace, owner.current(), run="r1", name="fixed", env={"LR": "0.1"}))  # this process: alive
+    with pytest.raises(OwnershipError, match=r"this run and task with other inputs .* its launcher process \d+ on .* still runs it"):
+        kube.submit(manifest(namespace, run="r1", name="fixed", env={"LR": "0.2"}))
+    assert [j["metadata"]["uid"] for j in trainjobs(api_client, namespace)] == [running.ref.uid]
+
+
+def test_an_explicitly_named_job_of_another_run_is_never_replaced(api_client, namespace):
+    kube = backend(api_client, namespace)
+    theirs = kube.submit(manifest(namespace, dead_launcher(), run="r1", name="fixed", env={"LR": "0.1"}))
+    with pytest.raises(OwnershipError, match="was not created by this task"):
+        kube.submit(manifest(namespace, run="r2", name="fixed", env={"LR": "0.2"}))
+    assert [j["metadata"]["uid"] for j in trainjobs(api_client, namespace)] == [theirs.ref.uid]
 
 
 def test_a_sibling_followed_by_a_live_launcher_is_left_alone(api_client, namespace):

@@ -9,8 +9,11 @@ from __future__ import annotations
 from hostile_common import AWS_ID, AWS_KEY, BASE, CANARIES, HF, Case, CliCase
 from hostile_entry_cases import CLI_CASES, COMPONENT_CASES
 from hostile_input_cases import INPUT_CASES
+from hostile_malformed_cases import MALFORMED_CASES, MALFORMED_CLI_CASES, MALFORMED_COMPONENT_CASES
 from hostile_patch_cases import PATCH_CASES
 
-CASES: list[Case] = INPUT_CASES + PATCH_CASES
+CASES: list[Case] = INPUT_CASES + PATCH_CASES + MALFORMED_CASES
+CLI_CASES = CLI_CASES + MALFORMED_CLI_CASES
+COMPONENT_CASES = COMPONENT_CASES + MALFORMED_COMPONENT_CASES
 
 __all__ = ["AWS_ID", "AWS_KEY", "BASE", "CANARIES", "CASES", "CLI_CASES", "COMPONENT_CASES", "HF", "Case", "CliCase"]

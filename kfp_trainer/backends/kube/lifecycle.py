@@ -6,7 +6,10 @@ Submitting finds the task's TrainJobs by their lineage labels (run id + task) fi
   already being deleted it is waited for, never adopted;
 * one with another name (other inputs: an earlier try of this task) is replaced: deleted and
   waited for before the new one is created -- unless the launcher recorded on it still runs,
-  which is left alone and named in the log. Jobs of other runs, tasks or execution scopes
+  which is left alone and named in the log;
+* one with this name but other inputs (a name given explicitly, kept across tries) is an
+  earlier try too: replaced, with everything under it, when its launcher is gone; while that
+  launcher runs (or when that cannot be told) it is left alone and the step fails saying so. Jobs of other runs, tasks or execution scopes
   (``ParallelFor`` iterations carry their own ``scope`` label) are never touched.
 
 Deleting uses background propagation (the Trainer controller re-creates the JobSet of a TrainJob
@@ -18,52 +21,28 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client import ApiClient
 
 from ... import cancel
-from ...errors import DeletionTimeoutError, ForbiddenError, RejectedError, UserError
+from ...errors import DeletionTimeoutError, ForbiddenError, OwnershipError, RejectedError, UserError
 from ...spec import GROUP, LABEL_DIGEST, LABEL_RUN, LABEL_SCOPE, LABEL_TASK, PLURAL, VERSION
 from .. import owner
 from ..base import JobRef, Phase, Submission, check_ownership, trainjob_status
+from ..owner import describe
 from .api import Conflict, NotFound, RetryPolicy, call
 from .discovery import version_mismatch
+from .leftovers import JOBSET_LABEL, Leftover, leftovers_message
 from .watch import wait_gone
 
 log = logging.getLogger(__name__)
-JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 CREATE_TIMEOUT = (10, 20)  # a create is deferred against stop signals: keep it short
 # The Job controller can replace pods it saw go for a Job already deleted (its cache lags the
 # deletion): those orphans appear a moment after the last pod went, and the garbage collector
 # removes them. Once no pod is left, look again after this many seconds and wait for any such.
 POD_SETTLE = 1.0
-
-
-@dataclass(frozen=True)
-class Leftover:
-    """Something of a deleted TrainJob still there when waiting ended."""
-
-    kind: str
-    name: str
-    terminating: bool
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name}" + (" (terminating)" if self.terminating else "")
-
-
-def leftovers_message(ref: JobRef, left: list[Leftover], waited: float) -> str:
-    """What is left of a deleted TrainJob, and how to remove it."""
-    pods = [x for x in left if x.kind == "Pod"]
-    lines = [f"after deleting TrainJob {ref}, still present after {waited:.0f}s: " + ", ".join(map(str, left))]
-    if any(x.kind == "TrainJob" for x in left):
-        lines.append(f"  look at its finalizers: kubectl get trainjob -n {ref.namespace} {ref.name} -o jsonpath='{{.metadata.finalizers}}'")
-    if pods and all(x.terminating for x in pods) and len(pods) == len(left):
-        lines.append("  the pods were told to stop and go once their grace period ends")
-    lines.append(f"  remove them now: kubectl delete jobset,job,pod -n {ref.namespace} -l {JOBSET_LABEL}={ref.name} --wait=false")
-    return "\n".join(lines)
 
 
 class Lifecycle:
@@ -181,6 +160,8 @@ class Lifecycle:
 
     def _take_over(self, manifest: dict[str, Any], existing: dict[str, Any], notes: list[str], lost_create: bool = False) -> Submission:
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        if _earlier_try(manifest, existing):  # the same name given explicitly, other inputs
+            return self._replace_earlier_try(manifest, existing, notes)
         check_ownership(manifest, existing, remedy=f"delete it: kubectl delete trainjob -n {namespace} {name}")
         ref = JobRef(namespace, name, existing["metadata"]["uid"])
         if lost_create and _same_launcher(manifest, existing) and not existing["metadata"].get("deletionTimestamp"):
@@ -250,6 +231,44 @@ class Lifecycle:
             f"replaced stale TrainJob {ref} of an earlier try of this task (inputs digest {old} -> {new}; "
             f"its launcher {who} is gone): deleted it before creating {manifest['metadata']['name']}"
         ]
+
+    def _replace_earlier_try(self, manifest: dict[str, Any], existing: dict[str, Any], notes: list[str]) -> Submission:
+        """The wanted name is taken by a job of this run and task with other inputs: an earlier try.
+
+        Replaced when its launcher is gone (deleted with everything under it, then created
+        anew); left alone with a clear error while its launcher runs, or when that cannot be told.
+        """
+        meta = existing["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        ref = JobRef(namespace, name, meta["uid"])
+        old, new = (meta.get("labels") or {}).get(LABEL_DIGEST), (manifest["metadata"].get("labels") or {}).get(LABEL_DIGEST)
+        if meta.get("deletionTimestamp"):
+            notes.append(f"TrainJob {ref} of an earlier try is being deleted; waited for it to go before creating a new one")
+            self._wait_gone_for_replace(ref, tree=True)
+        else:
+            identity = owner.parse(existing)
+            alive, who = self.launcher_alive(identity), describe(identity)
+            remedy = f"give this try another name, or delete that job: kubectl delete trainjob -n {namespace} {name}"
+            if alive or owner.is_me(identity):
+                raise OwnershipError(
+                    f"TrainJob {namespace}/{name} belongs to this run and task with other inputs (inputs digest {old}, this try {new}) "
+                    f"and its launcher {who} still runs it; it is left alone. To run these inputs now, {remedy}"
+                )
+            if alive is None:
+                raise OwnershipError(
+                    f"TrainJob {namespace}/{name} belongs to this run and task with other inputs (inputs digest {old}, this try {new}); "
+                    f"cannot tell whether its launcher {who} still runs, so it is left alone. If it is stale, {remedy}"
+                )
+            self._delete_for_replace(ref, tree=True)  # the new job's JobSet, Jobs and pods take the same names
+            notes.append(
+                f"replaced stale TrainJob {ref} of an earlier try of this task (inputs digest {old} -> {new}; "
+                f"its launcher {who} is gone): deleted it before creating {name} with this try's inputs"
+            )
+        try:
+            created = self.create(namespace, manifest)
+        except Conflict:  # a concurrent retry created it first: follow that one
+            return self._take_over(manifest, self.get(JobRef(namespace, name)), notes)
+        return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, notes=tuple(notes))
 
     def launcher_alive(self, identity: dict[str, Any] | None) -> bool | None:
         """Whether the recorded launcher still runs: True, False (gone, or none recorded), or None (cannot tell)."""
@@ -362,22 +381,16 @@ class LostCreate(Conflict):
     """A retried create was told the job exists: the attempt whose answer was lost made it (or another launcher did)."""
 
 
+def _earlier_try(manifest: dict[str, Any], existing: dict[str, Any]) -> bool:
+    """Whether ``existing`` is a job of the same run, task and scope as ``manifest`` with other inputs."""
+    mine, theirs = manifest["metadata"].get("labels") or {}, existing["metadata"].get("labels") or {}
+    return (
+        bool(mine.get(LABEL_RUN)) and bool(mine.get(LABEL_TASK))
+        and all(mine.get(k) == theirs.get(k) for k in (LABEL_RUN, LABEL_TASK, LABEL_SCOPE))
+        and mine.get(LABEL_DIGEST) != theirs.get(LABEL_DIGEST)
+    )  # fmt: skip
+
+
 def _same_launcher(manifest: dict[str, Any], existing: dict[str, Any]) -> bool:
     mine = (manifest["metadata"].get("annotations") or {}).get(owner.ANNOTATION)
     return bool(mine) and (existing["metadata"].get("annotations") or {}).get(owner.ANNOTATION) == mine
-
-
-def describe(identity: dict[str, Any] | None) -> str:
-    """A launcher identity for people.
-
-    Example:
-        >>> describe({"pod": "kubeflow/run-1-train", "uid": "u"})
-        'pod kubeflow/run-1-train'
-        >>> describe({"host": "laptop", "pid": 42, "start": 7})
-        'process 42 on laptop'
-    """
-    if not identity:
-        return "(none recorded)"
-    if "pod" in identity:
-        return f"pod {identity['pod']}"
-    return f"process {identity.get('pid')} on {identity.get('host')}"
