@@ -18,6 +18,7 @@ from ..errors import ValidationError
 from ..quantity import number_as_quantity, parse_quantity
 from ..redaction import HIDDEN, find_secret, harmless_literal, is_secret_name
 from .inputs import INT64_MAX, MAX_DEPTH, MAX_NODES_IN_VALUE, MAX_VALUE_BYTES
+from .resources import whole_devices_text
 
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]")  # tab, newline, CR allowed in free text
 ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
@@ -295,7 +296,7 @@ def check_quantity(field: str, value: Any, resource: str = "") -> list[Validatio
     if unit == "bytes":
         return [ValidationError(field, value, f"a whole number of bytes (this is {plain} bytes): write the unit, e.g. '{plain}Gi'")]
     if unit:
-        return [ValidationError(field, value, f"a whole number: pods cannot request a fraction of {unit}")]
+        return [ValidationError(field, value, whole_devices_text(unit))]
     if isinstance(value, float) and number_as_quantity(value) is None:
         return [ValidationError(field, value, "a multiple of 1n (0.000000001), the finest the API server keeps")]
     return []
@@ -315,6 +316,9 @@ def check_resources(field: str, resources: Any) -> list[ValidationError]:
             prefix, _, name = res.rpartition("/") if isinstance(res, str) else ("", "", res)
             if not ok(QUALIFIED_NAME, name, 63) or (prefix and not ok(DNS_SUBDOMAIN, prefix, 253)):
                 errors.append(ValidationError(f"{field}.{kind}", res, "resource names such as cpu, memory, nvidia.com/gpu"))
+            elif kind == "requests" and (limits_seen := resources.get("limits")) and isinstance(limits_seen, dict) \
+                    and limits_seen.get(res) == qty and whole_units_only(res) not in ("", "bytes"):
+                continue  # a device fraction asked for in both sections is named once, in limits
             else:
                 errors += check_quantity(f"{field}.{kind}[{res!r}]", qty, res)
     if errors:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from kfp_trainer import cli, gc, numbers
-from kfp_trainer.errors import ValidationError
+from kfp_trainer import cli_run, gc, numbers
+from kfp_trainer.errors import UserError, ValidationError
 from kfp_trainer.quantity import is_quantity
 from kfp_trainer.trainers import _common
 
@@ -60,6 +60,6 @@ def test_the_torchrun_environment_is_read_from_ascii_digits_only(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["Integer", "Float"])
 def test_pipeline_parameters_in_other_scripts_are_refused(kind):
-    with pytest.raises(SystemExit, match=f"--param epochs=.*: expected a {kind.lower()}"):
-        cli._typed("\uff11\uff12", kind, "epochs")
-    assert cli._typed("12", kind, "epochs") == 12
+    with pytest.raises(UserError, match=f"--param epochs=.*: expected a {kind.lower()}"):
+        cli_run._typed("\uff11\uff12", kind, "epochs")
+    assert cli_run._typed("12", kind, "epochs") == 12
