@@ -44,6 +44,7 @@ def torchtune_finetune(
     lora_apply_to_mlp: Optional[bool] = None,
     lora_apply_to_output: Optional[bool] = None,
     use_dora: Optional[bool] = None,
+    quantize_base: Optional[bool] = None,
     dataset_source: Optional[str] = None,
     dataset_split: Optional[str] = None,
     train_on_input: Optional[bool] = None,
@@ -112,6 +113,7 @@ def torchtune_finetune(
         lora_apply_to_mlp: LoRA on the MLP layers too.
         lora_apply_to_output: LoRA on the output projection too.
         use_dora: DoRA instead of LoRA.
+        quantize_base: False sends model.quantize_base=False with method lora (qlora sets it to True).
         dataset_source: Format of the dataset's files: json, csv, parquet, arrow, text or xml.
         dataset_split: Split to train on, e.g. train or train[:90%].
         train_on_input: Train on the prompts too, not only the responses.
@@ -154,8 +156,8 @@ def torchtune_finetune(
         "dtype": dtype, "batch_size": batch_size or None, "epochs": epochs or None, "loss": loss, "num_nodes": num_nodes or None,
         "resources_per_node": resources_per_node, "lora_rank": lora_rank or None, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout,
         "lora_target_modules": lora_target_modules, "lora_apply_to_mlp": lora_apply_to_mlp, "lora_apply_to_output": lora_apply_to_output,
-        "use_dora": use_dora, "dataset_source": dataset_source, "dataset_split": dataset_split, "train_on_input": train_on_input,
-        "system_prompt": system_prompt, "column_map": column_map,
+        "use_dora": use_dora, "quantize_base": quantize_base, "dataset_source": dataset_source, "dataset_split": dataset_split,
+        "train_on_input": train_on_input, "system_prompt": system_prompt, "column_map": column_map,
     }
     sources = {
         "dataset_uri": dataset_uri, "dataset_secret": dataset_secret, "dataset_options": dataset_options,
