@@ -206,6 +206,7 @@ def trainjob_component(
                        if f"{n}_dir" in specials}  # fmt: skip
     taken = {*_OUTPUTS, *_LAUNCH_INPUTS, *artifact_inputs, *_KFP_RESERVED}
     params, arguments, order = [], [], []
+    defaults, types = {}, {}
     for p in signature.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue  # *args / **kwargs take no component input
@@ -214,6 +215,8 @@ def trainjob_component(
         order.append(p.name)
         if p.name in SPECIAL:
             continue
+        if not p.name[0].isalpha():
+            raise TypeError(f"parameter {p.name!r} of {name}: KFP input names start with a letter; rename it")
         if p.name in taken:
             raise TypeError(f"parameter {p.name!r} of {name}: the name is taken by the component's own inputs "
                             f"({', '.join(sorted(taken))}); rename it")  # fmt: skip
@@ -221,16 +224,19 @@ def trainjob_component(
         default = "" if p.default is inspect.Parameter.empty else f" = {p.default!r}"
         params.append(f"{p.name}: {kind}{default}")
         arguments.append(p.name)
+        if p.default is not inspect.Parameter.empty:
+            defaults[p.name] = p.default
+        types[p.name] = kind.removeprefix("Optional[").removesuffix("]")
     params.sort(key=lambda text: " = " in text)  # parameters without defaults first
     source = _function_source(func)
     doc = inspect.getdoc(func) or f"Runs {name} in a Kubeflow Trainer TrainJob."
-    # The body binds one name, chosen to be none of the parameters, before it reads them: any
-    # parameter name of the function reaches it unchanged.
-    module = next(n for n in (f"_kfp_trainer_function{'_' * i}" for i in range(len(order) + 2)) if n not in order)
+    # The body binds one name, which no parameter can have (KFP input names start with a letter),
+    # and reads every input by name: any parameter name of the function reaches it unchanged.
+    module = "_kfp_trainer_function"
     values = ", ".join(f"{n!r}: {n}" for n in [*_OUTPUTS, *arguments, *artifact_inputs, *_LAUNCH_INPUTS])
     constants = {
-        "source": source, "function": name, "func_file": func_file, "parameters": order,
-        "num_proc_per_node": num_proc_per_node, "resources_per_node": resources_per_node, "env": env,
+        "source": source, "function": name, "func_file": func_file, "parameters": order, "defaults": defaults,
+        "types": types, "num_proc_per_node": num_proc_per_node, "resources_per_node": resources_per_node, "env": env,
     }  # fmt: skip
     code = f'''
 def {name}(

@@ -106,10 +106,10 @@ class FunctionTrainer:
     def func_args(self, paths: dict[str, str]) -> dict[str, Any] | None:
         """The SDK's ``func_args``: the arguments and artifact paths in the function's parameter order.
 
-        ``None`` for a function without parameters: the SDK then calls ``func()``.
+        ``None`` when there are none: the SDK then calls ``func()``.
         """
         values = {**self.arguments, **{s: paths[s] for s in self.specials}}
-        if not values and not self.order:
+        if not values:
             return None
         rank = {name: i for i, name in enumerate(self.order)}
         return dict(sorted(values.items(), key=lambda item: rank.get(item[0], len(rank))))
@@ -200,8 +200,8 @@ def run_function_job(
         specials: Which of ``dataset_dir``, ``model_dir``, ``output_dir`` it takes.
         packages_to_install: pip requirements installed in the trainer before the function runs.
         pip_index_urls: Package indexes (the first is the index, the others extra indexes).
-        order: The function's parameter names in order (``func_args`` follows it); empty for a
-            function without parameters, which is called as ``func()``.
+        order: The function's parameter names in order (``func_args`` follows it). Without
+            arguments and artifact parameters the function is called as ``func()``.
         resources_per_node: Resources of each node in the SDK's flat form (``{"gpu": 1}``).
         **launch: What :func:`~kfp_trainer.steps.train_job.run_train_job` takes besides ``trainer``.
 
@@ -253,13 +253,37 @@ def function_job_arguments(values: dict[str, Any], constants: dict[str, Any]) ->
     }  # fmt: skip
     return {
         "source": constants["source"], "function": constants["function"], "func_file": constants["func_file"],
-        "arguments": {p: values.get(p) for p in parameters if p not in SPECIAL}, "specials": [p for p in parameters if p in SPECIAL],
+        "arguments": _arguments(values, constants), "specials": [p for p in parameters if p in SPECIAL],
         "order": parameters, "packages_to_install": values.get("packages_to_install"),
         "pip_index_urls": values.get("pip_index_urls"), "resources_per_node": resources if flat else None, "inputs": inputs,
         **{k: values.get(k) for k in _LAUNCH}, "logs": "0", "delete_after_success": False,
         "dataset": values.get("dataset"), "model": values.get("model"), "output_model": values.get("output_model"),
         "metrics": values.get("metrics"), "report": values.get("report"), "trainjob_path": values.get("trainjob"),
     }  # fmt: skip
+
+
+def _arguments(values: dict[str, Any], constants: dict[str, Any]) -> dict[str, Any]:
+    """The function's ``func_args`` among a task's input values: those that differ from the function's defaults.
+
+    So the task ``train(lr=0.1)`` of a ``def train(lr=0.01, epochs=1)`` calls ``train(**{'lr': 0.1})``
+    as ``CustomTrainer(train, func_args={"lr": 0.1})`` does, and a task with every default calls
+    ``train()``. Numbers get their parameter's type (KFP hands JSON numbers over: ``1.0`` for an
+    ``int`` 1, ``1`` for a ``float`` 1.0).
+    """
+    defaults, types = constants.get("defaults") or {}, constants.get("types") or {}
+    out = {}
+    for name in constants.get("parameters") or []:
+        if name in SPECIAL:
+            continue
+        value = values.get(name)
+        if types.get(name) == "int" and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        elif types.get(name) == "float" and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if name in defaults and value == defaults[name] and type(value) is type(defaults[name]):
+            continue
+        out[name] = value
+    return out
 
 
 def run_function_component(values: dict[str, Any], constants: dict[str, Any]) -> Any:
