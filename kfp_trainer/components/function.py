@@ -204,7 +204,7 @@ def trainjob_component(
     specials = [p.name for p in signature.parameters.values() if p.name in SPECIAL]
     artifact_inputs = {n: f"{n}: Input[{'Dataset' if n == 'dataset' else 'Model'}] = None" for n in ("dataset", "model")
                        if f"{n}_dir" in specials}  # fmt: skip
-    taken = {*_OUTPUTS, *_LAUNCH_INPUTS, *artifact_inputs, *_KFP_RESERVED}
+    taken = {*_OUTPUTS, *_LAUNCH_INPUTS, *artifact_inputs}
     params, arguments, order = [], [], []
     defaults, types = {}, {}
     for p in signature.parameters.values():
@@ -217,6 +217,8 @@ def trainjob_component(
             continue
         if not p.name[0].isalpha():
             raise TypeError(f"parameter {p.name!r} of {name}: KFP input names start with a letter; rename it")
+        if p.name in _KFP_RESERVED:
+            raise TypeError(f"parameter {p.name!r} of {name}: KFP reserves the input name {p.name!r}; rename it")
         if p.name in taken:
             raise TypeError(f"parameter {p.name!r} of {name}: the name is taken by the component's own inputs "
                             f"({', '.join(sorted(taken))}); rename it")  # fmt: skip
