@@ -1,20 +1,26 @@
 """Run-time work of ``trainjob_component`` components: a Python function run as the SDK's ``CustomTrainer`` runs it.
 
-The TrainJob's command is the one the kubeflow SDK 0.5.0 writes for ``CustomTrainer(func,
-func_args, packages_to_install, pip_index_urls)`` (:func:`kfp_trainer.llm.render.render_function`):
-a shell script that installs the packages, writes the function's source to its file name and
-starts it with the runtime's launcher (``torchrun`` for torch runtimes, ``mpirun`` for MPI,
-``python`` otherwise), calling ``func(**func_args)``. So a function moved from ``train()`` into
-a pipeline step runs unchanged. Three parameter names get paths instead of values:
-``dataset_dir`` and ``model_dir`` (the input artifacts) and ``output_dir`` (where to save the
-model, which becomes the output artifact); they are resolved before the command is rendered,
-so the function's source is carried verbatim.
+The TrainJob is the one the kubeflow SDK 0.5.0 creates for ``CustomTrainer(func, func_args,
+packages_to_install, pip_index_urls, image, num_nodes, resources_per_node, env)``: its command
+(:func:`kfp_trainer.llm.render.render_function`) is a shell script that installs the packages,
+writes the function's source (decorators included) to its file name and starts it with the
+runtime's launcher (``torchrun`` for torch runtimes, ``mpirun`` for MPI, ``python`` otherwise),
+calling ``func(**func_args)`` -- or ``func()`` when there are no arguments; the image and node
+count are the runtime's unless set; flat resources are mapped as the SDK maps them. So a
+function moved from ``train()`` into a pipeline step runs unchanged. Three parameter names get
+paths instead of values: ``dataset_dir`` and ``model_dir`` (the input artifacts) and
+``output_dir`` (where to save the model, which becomes the output artifact); they are resolved
+before the command is rendered, so the function's source is carried verbatim.
+
+A component's body hands every input, by name, to :func:`run_function_component`, with the
+constants its factory fixed; :func:`function_job_arguments` sorts them (so no parameter name of
+the function can collide with a name of the body).
 
 Locally the function runs in this environment: nothing is installed, and a package it needs
 that is missing here fails the step before anything starts, naming it.
 
 :func:`function_command` and :data:`BOOTSTRAP` are the command of components compiled by
-earlier versions, kept so that their YAML still runs.
+earlier versions, kept so that their YAML still runs; so is :func:`run_function_job`'s signature.
 """
 
 from __future__ import annotations

@@ -37,23 +37,24 @@ def sdk_source(func) -> str:
     return textwrap.dedent(inspect.getsource(func))
 
 
-def constants(component) -> dict:
-    """The factory's constants as the component's body passes them to the step."""
-    seen = {}
-    original = steps_function.run_function_component
-    steps_function.run_function_component = lambda values, fixed: seen.update(values=values, constants=fixed)
-    try:
+@pytest.fixture
+def constants(monkeypatch):
+    """Calls a component's body; returns the input values and factory constants it hands the step."""
+
+    def call(component) -> dict:
+        seen: dict = {}
+        monkeypatch.setattr(steps_function, "run_function_component", lambda values, fixed: seen.update(values=values, constants=fixed))
         required = {n: None for n, p in inspect.signature(component.python_func).parameters.items() if p.default is p.empty}
         component.python_func(**required)
-    finally:
-        steps_function.run_function_component = original
-    return seen
+        return seen
+
+    return call
 
 
 # --------------------------------------------------------------------------- the source
 
 
-def test_a_decorated_function_keeps_its_decorators_as_the_sdk_does():
+def test_a_decorated_function_keeps_its_decorators_as_the_sdk_does(constants):
     @logged
     def fit(lr: float = 0.1):
         print(lr)
@@ -62,7 +63,7 @@ def test_a_decorated_function_keeps_its_decorators_as_the_sdk_does():
     assert sdk_source(fit).startswith("@logged\ndef fit(")
 
 
-def test_the_factorys_own_decorator_line_is_left_out_and_the_ones_below_it_stay():
+def test_the_factorys_own_decorator_line_is_left_out_and_the_ones_below_it_stay(constants):
     @trainjob_component(num_nodes=2)
     @logged
     def fit(lr: float = 0.1):
@@ -80,7 +81,7 @@ def test_the_factorys_own_decorator_line_is_left_out_and_the_ones_below_it_stay(
     assert constants(bare)["constants"]["source"] == "def bare(lr: float = 0.1):\n    print(lr)\n"
 
 
-def test_no_parameters_is_called_without_arguments_as_the_sdk_does():
+def test_no_parameters_is_called_without_arguments_as_the_sdk_does(constants):
     def hello():
         print("hi")
 
@@ -94,7 +95,7 @@ def test_no_parameters_is_called_without_arguments_as_the_sdk_does():
 
 # --------------------------------------------------------------------------- the arguments
 
-def test_every_parameter_name_reaches_the_function_with_its_own_value():
+def test_every_parameter_name_reaches_the_function_with_its_own_value(monkeypatch):
     """Names of modules and of what a generated body might bind itself (the old one bound steps and inputs)."""
 
     def fit(steps: str = "a", inputs: str = "b", kfp: str = "c", dsl: str = "d", os: str = "e", sys: str = "f", json: str = "g",
@@ -103,13 +104,9 @@ def test_every_parameter_name_reaches_the_function_with_its_own_value():
 
     component = trainjob_component(fit)
     given = {n: f"value of {n}" for n in inspect.signature(fit).parameters}
-    seen = {}
-    original = steps_function.run_function_job
-    steps_function.run_function_job = lambda **kw: seen.update(kw)
-    try:
-        component.python_func(output_model=None, metrics=None, report=None, trainjob="", **given)
-    finally:
-        steps_function.run_function_job = original
+    seen: dict = {}
+    monkeypatch.setattr(steps_function, "run_function_job", lambda **kw: seen.update(kw))
+    component.python_func(output_model=None, metrics=None, report=None, trainjob="", **given)
     assert seen["arguments"] == given
     assert seen["inputs"]["runtime"] == "torch-distributed" and seen["inputs"]["num_nodes"] is None and seen["inputs"]["image"] is None
 
