@@ -4,7 +4,9 @@
     from kfp_trainer.components import torchtune_finetune, trainjob_component
 
 Each module here imports only the standard library and ``kfp`` at its top level; what a
-component does at run time lives in :mod:`kfp_trainer.steps`. ``workspace_config`` makes a
+component does at run time lives in :mod:`kfp_trainer.steps`. A call with literal arguments
+runs the step's checks on them at once, so mistakes fail while the pipeline is built
+(:mod:`.calls`). ``workspace_config`` makes a
 pipeline workspace the KFP backend accepts. Compiled YAML of every
 component is in ``components/<name>/component.yaml`` (``kfp-trainer compile``).
 """

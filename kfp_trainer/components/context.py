@@ -11,7 +11,9 @@ component made with :func:`with_run_context` fills in, on every task created fro
   declares a workspace (``dsl.PipelineConfig(workspace=...)``),
 
 unless the call passes them itself. The compiled task then carries the placeholders, and
-``train_job(runtime=..., image=..., command=...)`` works on a cluster as it is.
+``train_job(runtime=..., image=..., command=...)`` works on a cluster as it is. (A launcher in a
+nested pipeline gets the enclosing pipeline's workspace: :mod:`.nested`.) The same call also
+checks the literal arguments and sets the launcher's defaults: :mod:`.calls`.
 
 Example:
     >>> from kfp import dsl
@@ -44,12 +46,26 @@ CONTEXT_INPUTS = {
 WORKSPACE_INPUT = "workspace_path"
 
 
-def pipeline_workspace_declared() -> bool:
-    """Whether the pipeline whose body is running now declares a workspace.
+def building_pipeline() -> Any:
+    """The ``GraphComponent`` whose ``@dsl.pipeline`` body is running now, or ``None`` outside one.
 
-    KFP runs a ``@dsl.pipeline`` body inside ``GraphComponent.__init__``, whose
-    ``pipeline_config`` argument holds the workspace; outside a pipeline body this is False.
+    KFP runs a pipeline body inside ``GraphComponent.__init__``; the innermost such frame is
+    the pipeline being built (its ``pipeline_config`` argument holds the workspace).
     """
+    frame = inspect.currentframe()
+    code = GraphComponent.__init__.__code__
+    try:
+        while frame is not None:
+            if frame.f_code is code:
+                return frame.f_locals.get("self")
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+def pipeline_workspace_declared() -> bool:
+    """Whether the pipeline whose body is running now declares a workspace (False outside a pipeline body)."""
     frame = inspect.currentframe()
     code = GraphComponent.__init__.__code__
     try:
@@ -82,7 +98,9 @@ def _subclass(cls: type) -> type:
     """A subclass of a component class whose calls fill in the context inputs."""
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return cls.__call__(self, *args, **context_arguments(self.component_spec.inputs or {}, kwargs))
+        from .calls import call
+
+        return call(cls.__call__, self, args, kwargs)
 
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, _MARK: True})
 
@@ -92,6 +110,9 @@ _CLASSES: dict[type, type] = {}
 
 def with_run_context(component: Any) -> Any:
     """Make ``component`` (a Python or YAML component) fill in its run context on every call.
+
+    Its calls also coerce integers given to float inputs, check the literal arguments as the
+    step would and, for a launcher, turn caching off (:func:`.calls.call`).
 
     Returns:
         The same component object, now of a subclass of its class that adds the context.

@@ -86,8 +86,9 @@ def torchtune_finetune(
     runtime's /workspace/output (the runtime's own volume is deleted with the TrainJob), so
     the pipeline needs a workspace (dsl.PipelineConfig(workspace=...)) or a PVC mounted on
     this task. A retried step (task.set_retry) resumes from the last epoch checkpoint its
-    failed TrainJob saved there. Unset settings keep the runtime's config values. Disable
-    caching on this task. Needs KFP 2.15+.
+    failed TrainJob saved there. Unset settings keep the runtime's config values. Caching
+    is off on this task by default; literal arguments are checked when the pipeline is built.
+    Needs KFP 2.15+.
 
     Args:
         runtime: Name of the torchtune ClusterTrainingRuntime or TrainingRuntime.
@@ -150,29 +151,12 @@ def torchtune_finetune(
         report: HTML report: loss curve, the recipe, a resume if there was one, timeline, replicated jobs.
         trainjob: The TrainJob as namespace/name.
     """
+    values = dict(locals())  # every input by name; steps.torchtune_finetune_arguments sorts them
     from kfp_trainer import steps
 
-    settings = {
-        "dtype": dtype, "batch_size": batch_size or None, "epochs": epochs or None, "loss": loss, "num_nodes": num_nodes or None,
-        "resources_per_node": resources_per_node, "lora_rank": lora_rank or None, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout,
-        "lora_target_modules": lora_target_modules, "lora_apply_to_mlp": lora_apply_to_mlp, "lora_apply_to_output": lora_apply_to_output,
-        "use_dora": use_dora, "quantize_base": quantize_base, "dataset_source": dataset_source, "dataset_split": dataset_split,
-        "train_on_input": train_on_input, "system_prompt": system_prompt, "column_map": column_map,
-    }
-    sources = {
-        "dataset_uri": dataset_uri, "dataset_secret": dataset_secret, "dataset_options": dataset_options,
-        "model_uri": model_uri, "model_secret": model_secret, "model_options": model_options,
-    }
-    inputs = {
-        "runtime": runtime, "runtime_kind": runtime_kind, "name": name, "name_prefix": name_prefix, "namespace": namespace,
-        "run_id": run_id, "task_name": task_name, "task_id": task_id, "pipeline_name": pipeline_name, "labels": labels,
-        "pod_labels": pod_labels, "pod_annotations": pod_annotations, "node_selector": node_selector, "tolerations": tolerations,
-        "service_account": service_account, "active_deadline_seconds": active_deadline_seconds or None, "queue_name": queue_name,
-    }
     steps.exit_on_error(
         lambda: steps.run_torchtune_finetune(
-            method=method, settings=settings, sources=sources, dataset_path=dataset_path, learning_rate=learning_rate,
-            seed=seed, overrides=overrides, inputs=inputs, task_config=task_config, backend=backend, start_timeout=start_timeout,
+            **steps.torchtune_finetune_arguments(values), task_config=task_config, backend=backend, start_timeout=start_timeout,
             run_timeout=run_timeout, logs=logs, delete_after_success=False, workspace_path=workspace_path, dataset=None,
             model=None, output_model=output_model, metrics=metrics, report=report, trainjob_path=trainjob,
         )

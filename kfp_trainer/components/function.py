@@ -47,6 +47,7 @@ from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output, OutputPath
 
 from ._image import BASE_IMAGE
+from .calls import FUNCTION_ATTRIBUTE
 from .context import with_run_context
 from .train_job import TASK_CONFIG_PASSTHROUGHS
 
@@ -275,6 +276,11 @@ def {name}(
     }
     exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - code generated above from a signature
     wrapper = namespace[name]
-    return with_run_context(dsl.component(
+    component = dsl.component(
         wrapper, base_image=base_image or BASE_IMAGE, install_kfp_package=False, task_config_passthroughs=TASK_CONFIG_PASSTHROUGHS
-    ))
+    )
+    setattr(component, FUNCTION_ATTRIBUTE, {  # what the checks at each call need (.calls)
+        "source": source, "name": name, "file": func_file, "arguments": arguments, "specials": specials,
+        "inputs": {"num_proc_per_node": num_proc_per_node, "resources_per_node": resources_per_node, "env": env},
+    })  # fmt: skip
+    return with_run_context(component)

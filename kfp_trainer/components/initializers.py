@@ -11,6 +11,7 @@ from kfp import dsl
 from kfp.dsl import Dataset, Model, Output
 
 from ._image import BASE_IMAGE
+from .context import with_run_context
 
 
 @dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
@@ -65,3 +66,7 @@ def model_initializer(
     from kfp_trainer import steps
 
     steps.exit_on_error(lambda: steps.run_initializer(uri=uri, kind="model", output=model, ignore_patterns=ignore_patterns))
+
+
+dataset_initializer = with_run_context(dataset_initializer)
+model_initializer = with_run_context(model_initializer)

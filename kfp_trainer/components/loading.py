@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from kfp import components, dsl
 
-from .context import CONTEXT_INPUTS, WORKSPACE_INPUT, with_run_context
+from .context import with_run_context
 
 
 def restore_passthroughs(component: Any, text: str) -> Any:
@@ -33,10 +33,7 @@ def restore_passthroughs(component: Any, text: str) -> Any:
             dsl.TaskConfigPassthrough(field=dsl.TaskConfigField[e["field"]], apply_to_task=bool(e.get("applyToTask")))
             for e in entries
         ]
-    inputs = component.component_spec.inputs or {}
-    if any(name in inputs for name in (*CONTEXT_INPUTS, WORKSPACE_INPUT)):
-        with_run_context(component)
-    return component
+    return with_run_context(component)  # run context, build-time checks, launcher defaults
 
 
 def load_component_from_file(path: str) -> Any:

@@ -96,8 +96,9 @@ def train_job(
     with the TrainJob: the pipeline's workspace (dsl.PipelineConfig(workspace=...); each
     task then gets workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER by itself), or a PVC
     mounted on the task. The run id, task name and task id are filled in the same way.
-    Disable caching on this task (``set_caching_options(False)``): its inputs rarely
-    change between runs. Needs KFP 2.15+; load the YAML with
+    Caching is off on this task by default (its inputs rarely change between runs, so a
+    cache hit would skip training); set_caching_options(True) turns it on. Literal
+    arguments are checked when the pipeline is built. Needs KFP 2.15+; load the YAML with
     kfp_trainer.components.load_component_from_file/url, which keeps the TaskConfig
     passthroughs and the run context that kfp.components' own loader loses.
 
@@ -163,29 +164,12 @@ def train_job(
         report: HTML report: metric curves, progress, queued/starting/running times, final/best table, timeline, replicated jobs.
         trainjob: The TrainJob as namespace/name.
     """
+    values = dict(locals())  # every input by name; steps.train_job_inputs picks the TrainJob's
     from kfp_trainer import steps
 
-    inputs = {
-        "runtime": runtime, "runtime_kind": runtime_kind, "image": image, "command": command, "args": args,
-        "env": env, "num_nodes": num_nodes or None, "num_proc_per_node": num_proc_per_node,
-        "resources_per_node": resources_per_node, "dataset_uri": dataset_uri, "dataset_secret": dataset_secret,
-        "dataset_env": dataset_env, "model_uri": model_uri, "model_secret": model_secret, "model_env": model_env,
-        "name": name, "name_prefix": name_prefix, "namespace": namespace, "run_id": run_id, "task_name": task_name, "task_id": task_id,
-        "pipeline_name": pipeline_name, "labels": labels, "annotations": annotations, "pod_labels": pod_labels,
-        "pod_annotations": pod_annotations, "volumes": volumes, "volume_mounts": volume_mounts,
-        "node_selector": node_selector, "tolerations": tolerations, "affinity": affinity,
-        "service_account": service_account, "image_pull_secrets": image_pull_secrets, "pod_targets": pod_targets,
-        "scheduling_gates": scheduling_gates, "security_context": security_context,
-        "container_security_context": container_security_context,
-        # -1, not None, means unset: kfp.local turns an integer input left at None into int(None) and fails.
-        "termination_grace_period_seconds": None if termination_grace_period_seconds == -1 else termination_grace_period_seconds,
-        "init_containers": init_containers,
-        "active_deadline_seconds": active_deadline_seconds or None, "suspend": suspend, "queue_name": queue_name,
-        "managed_by": managed_by, "patch": patch,
-    }
     steps.exit_on_error(
         lambda: steps.run_train_job(
-            inputs=inputs, task_config=task_config, backend=backend, start_timeout=start_timeout,
+            inputs=steps.train_job_inputs(values), task_config=task_config, backend=backend, start_timeout=start_timeout,
             queue_timeout=queue_timeout, run_timeout=run_timeout, logs=logs, delete_after_success=delete_after_success,
             workspace_path=workspace_path, dataset=dataset, model=model, output_model=output_model,
             metrics=metrics, report=report, trainjob_path=trainjob,

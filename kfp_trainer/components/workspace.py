@@ -22,14 +22,15 @@ ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce
 
 
 def workspace_config(
-    size: str, *, access_modes: Sequence[str] = ("ReadWriteMany",), storage_class: str | None = None
+    size: str, *, access_modes: str | Sequence[str] = ("ReadWriteMany",), storage_class: str | None = None
 ) -> dsl.PipelineConfig:
     """``dsl.PipelineConfig`` with a workspace whose PVC spec the KFP backend accepts.
 
     Args:
         size: Size of the per-run workspace PVC, e.g. ``"10Gi"``.
-        access_modes: PVC access modes; ``ReadWriteMany`` (the default) lets trainer pods
-            on several nodes mount it with the pipeline's steps.
+        access_modes: PVC access mode(s), one as a string or several in a list;
+            ``ReadWriteMany`` (the default) lets trainer pods on several nodes mount it with
+            the pipeline's steps.
         storage_class: Storage class of the PVC (one that supports the access modes); the
             cluster's default class when unset. ``kfp-trainer compile --storage-class``
             sets it in compiled YAML.
@@ -39,7 +40,7 @@ def workspace_config(
     """
     if not size or not str(size).strip():
         raise ValueError("workspace size: give a Kubernetes quantity such as '10Gi'")
-    modes = list(access_modes)
+    modes = [access_modes] if isinstance(access_modes, str) else list(access_modes)  # one mode, not its letters
     bad = [m for m in modes if m not in ACCESS_MODES]
     if not modes or bad:
         raise ValueError(f"workspace access_modes {modes!r}: use one or more of {', '.join(ACCESS_MODES)}")

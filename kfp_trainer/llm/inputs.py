@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kfp_trainer.errors import InvalidSpecErrors, ValidationError
 from kfp_trainer.quantity import parse_quantity
+from kfp_trainer.spec.resources import fractional_devices, is_requirements, whole_devices_text
 
 LOSSES = ("torchtune.modules.loss.CEWithChunkedOutputLoss",)
 DATA_FORMATS = ("json", "csv", "parquet", "arrow", "text", "xml")
@@ -51,29 +52,54 @@ class _Strict(BaseModel):
 
 
 def _check_resources(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Resource name -> Kubernetes quantity; whole floats become ints (the API server stores ints)."""
+    """Resources in the SDK's flat shape (name -> quantity) or as a ResourceRequirements dict.
+
+    Whole floats become ints (the API server stores ints); devices (GPUs) must be whole.
+    """
     if value is None:
         return None
     if not value:
         raise ValueError("at least one resource, e.g. {'cpu': 4, 'memory': '16Gi', 'gpu': 1}")
+    if is_requirements(value):
+        out: dict[str, Any] = dict(value)
+        for section in ("limits", "requests"):
+            if section in value:
+                if not isinstance(value[section], dict):
+                    raise ValueError(f"{section}: a map of resource name to quantity")
+                out[section] = _check_amounts(value[section], prefix=f"{section}.")
+        if not (out.get("limits") or out.get("requests")):
+            raise ValueError("limits and/or requests, e.g. {'limits': {'nvidia.com/gpu': 1}}")
+        return out
+    _check_devices(value, flat=True)
+    return _check_amounts(value)
+
+
+def _check_amounts(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    if prefix:
+        _check_devices({prefix[:-1]: value}, flat=False)
     out: dict[str, Any] = {}
     for name, q in value.items():
         if not isinstance(name, str) or not _RESOURCE_NAME.match(name):
-            raise ValueError(f"resource name {name!r} is not a Kubernetes resource name")
+            raise ValueError(f"resource name {prefix}{name!r} is not a Kubernetes resource name")
         if isinstance(q, bool) or not isinstance(q, (int, float, str)):
-            raise ValueError(f"{name}: {q!r} is not a quantity (e.g. 4, '500m', '16Gi')")
+            raise ValueError(f"{prefix}{name}: {q!r} is not a quantity (e.g. 4, '500m', '16Gi')")
         try:
             parsed = parse_quantity(q)
         except ValueError:
-            raise ValueError(f"{name}: {q!r} is not a quantity (e.g. 4, '500m', '16Gi')") from None
+            raise ValueError(f"{prefix}{name}: {q!r} is not a quantity (e.g. 4, '500m', '16Gi')") from None
         if parsed < 0:
-            raise ValueError(f"{name}: {q!r} is negative")
+            raise ValueError(f"{prefix}{name}: {q!r} is negative")
         if isinstance(q, float):
             if parsed != parsed.to_integral_value():
-                raise ValueError(f"{name}: {q!r} is not a whole number; write it as a string, e.g. '{_milli(parsed)}'")
+                raise ValueError(f"{prefix}{name}: {q!r} is not a whole number; write it as a string, e.g. '{_milli(parsed)}'")
             q = int(q)
         out[name] = q
     return out
+
+
+def _check_devices(resources: dict[str, Any], *, flat: bool) -> None:
+    for section, name, quantity in fractional_devices({"limits": resources} if flat else resources):
+        raise ValueError(f"{name if flat else f'{section}.{name}'}: {quantity!r} is not {whole_devices_text(name)}")
 
 
 def _milli(d: Decimal) -> str:

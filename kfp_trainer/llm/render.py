@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import posixpath
 import shlex
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from kfp_trainer.errors import InvalidSpecErrors, ValidationError
+from kfp_trainer.spec.resources import MIG_PREFIX, flat_names, is_requirements
 
 from .inputs import MODEL_IGNORE_PATTERNS, FunctionTrainerSettings, StorageSource, TorchTuneSettings
 from .runtimes import FRAMEWORK_LABEL, TORCHTUNE, TORCHTUNE_ENTRYPOINT, RuntimeTrainer
@@ -41,9 +43,6 @@ from .tune_command import gpus_in, node_shape, recipe_and_config, uses_lora, use
 DATASET_PATH = "/workspace/dataset"
 INSTRUCT_DATASET = "torchtune.datasets.instruct_dataset"
 MPI_USER_HOME = "/home/mpiuser"
-_STANDARD_RESOURCES = ("cpu", "memory", "gpu", "storage", "ephemeral-storage")
-_RESOURCE_ALIASES = {"gpu": "nvidia.com/gpu", "storage": "ephemeral-storage"}
-_MIG = "nvidia.com/mig-"
 
 
 @dataclass(frozen=True)
@@ -63,22 +62,21 @@ class Rendered:
 def resources_per_node(resources: dict[str, Any]) -> dict[str, Any]:
     """The SDK's ``resources_per_node`` mapping: aliases (gpu, storage, mig-*), requests = limits.
 
+    A ResourceRequirements dict (``{"limits": {...}}``) is taken as it is.
+
     Example:
         >>> resources_per_node({"CPU": 4, "GPU": 1})
         {'requests': {'cpu': 4, 'nvidia.com/gpu': 1}, 'limits': {'cpu': 4, 'nvidia.com/gpu': 1}}
+        >>> resources_per_node({"limits": {"nvidia.com/gpu": 2}})
+        {'limits': {'nvidia.com/gpu': 2}}
 
     Raises:
         ValidationError: more than one MIG profile, or GPUs and MIG slices together.
     """
-    out: dict[str, Any] = {}
-    for name, q in resources.items():
-        low = name.lower()
-        key = low if low in _STANDARD_RESOURCES or low.startswith("mig-") else name
-        key = _RESOURCE_ALIASES.get(key, key)
-        if key.startswith("mig-"):
-            key = _MIG + key[len("mig-") :]
-        out[key] = q
-    mig = [k for k in out if k.startswith(_MIG)]
+    if is_requirements(resources):
+        return copy.deepcopy(resources)
+    out = flat_names(resources)
+    mig = [k for k in out if k.startswith(MIG_PREFIX)]
     if len(mig) > 1:
         raise ValidationError("resources_per_node", resources, f"at most one MIG profile, not {mig}")
     if mig and "nvidia.com/gpu" in out:

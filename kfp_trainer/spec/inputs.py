@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 from .. import naming
 from ..errors import InvalidSpecErrors, ValidationError
+from .resources import requirements
 
 GROUP = "trainer.kubeflow.org"
 VERSION = "v1alpha1"
@@ -158,6 +159,11 @@ class TrainJobInputs(BaseModel):
     @classmethod
     def _counts_are_whole_numbers(cls, value: Any) -> Any:
         return _whole_number(value)
+
+    @field_validator("resources_per_node", mode="before")
+    @classmethod
+    def _resources_in_either_shape(cls, value: Any) -> Any:
+        return requirements(value)  # the SDK's flat {"gpu": 2, "cpu": 4} as limits and requests
 
     @field_validator("num_proc_per_node", mode="before")
     @classmethod

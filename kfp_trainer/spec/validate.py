@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .. import naming
 from ..errors import InvalidSpecErrors, ValidationError
-from . import env_rules, rules
+from . import env_rules, resources, rules
 from .inputs import (
     ALLOW_HOST_ACCESS_ANNOTATION,
     API_VERSIONS,
@@ -134,7 +134,10 @@ def _check_trainer(inputs: TrainJobInputs, api_version: ApiVersion | None) -> li
         e.append(ValidationError("num_proc_per_node", ppn, f"an integer >= 1 (at most {MAX_PROC_PER_NODE})"))
     e += rules.check_resources("resources_per_node", inputs.resources_per_node) or rules.check_structure(
         "resources_per_node", inputs.resources_per_node
-    )
+    ) or [
+        ValidationError(f"resources_per_node.{section}[{name!r}]", quantity, resources.whole_devices_text(name))
+        for section, name, quantity in resources.fractional_devices(inputs.resources_per_node)
+    ]
     e += env_rules.check_env("env", env_list(inputs.env), reserved=RESERVED_ENV_PREFIXES, file_refs=False)
     return e
 

@@ -5,7 +5,9 @@ call one function here, one module per component:
 
 * :mod:`.train_job` -- ``train_job`` and ``trainjob_component`` components: one TrainJob, and the
   hooks typed trainers plug into;
-* :mod:`.finetune` -- ``torchtune_finetune``: a torchtune runtime's fine-tune, its model, its resume;
+* :mod:`.finetune` -- ``torchtune_finetune``: a torchtune runtime's fine-tune, its model, its resume
+  (:mod:`.finetune_inputs`: its inputs sorted into settings, sources and TrainJob inputs);
+* :mod:`.checks` -- what the steps check before touching anything, also run when a pipeline is built;
 * :mod:`.initializers` -- ``dataset_initializer`` / ``model_initializer``;
 * :mod:`.evaluate` -- ``evaluate_model``: LM metrics and the gate verdict;
 * :mod:`.function` -- ``trainjob_component`` components: a Python function run as the SDK's CustomTrainer;
@@ -35,10 +37,11 @@ from .common import (
 )
 from .evaluate import compare, read_metrics_artifact, run_evaluate, run_lm_eval
 from .finetune import run_torchtune_finetune
+from .finetune_inputs import torchtune_finetune_arguments
 from .function import BOOTSTRAP, function_command, run_function_job
 from .initializers import run_initializer
 from .sweep import run_select_best
-from .train_job import normalize_values, run_train_job
+from .train_job import normalize_values, run_train_job, train_job_inputs
 
 __all__ = [
     "BOOTSTRAP",
@@ -66,5 +69,7 @@ __all__ = [
     "run_train_job",
     "shared_dir",
     "stage",
+    "torchtune_finetune_arguments",
+    "train_job_inputs",
     "unresolved",
 ]

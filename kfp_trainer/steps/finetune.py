@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import InvalidSpecErrors, UserError, ValidationError
 from .common import copy_dir, log, shared_dir
+from .finetune_inputs import METHODS, torchtune_finetune_arguments, torchtune_settings  # noqa: F401 - also imported from here
 
 OUTPUT_MOUNT = "/workspace/output"
 DATASET_ROOT = "/workspace/dataset"
@@ -102,7 +103,7 @@ class TorchTuneFinetune:
         }
 
     # ------------------------------------------------------------------ before the job
-    def _storage(self, kind: str) -> tuple[Any, dict[str, Any]]:
+    def storage(self, kind: str) -> tuple[Any, dict[str, Any]]:
         """(StorageSource for the SDK renderer or None, TrainJob inputs for a local-only URI)."""
         from ..llm.inputs import StorageSource, parse
 
@@ -125,14 +126,18 @@ class TorchTuneFinetune:
             if at is None:  # where the SDK puts the path of an hf:// dataset: after dtype, batch_size, epochs, loss
                 at = sum(1 for a in args if a.split("=", 1)[0] in ("dtype", "batch_size", "epochs", "loss"))
             args = kept[:at] + [arg] + kept[at:]
-        extra = [f"optimizer.lr={self.learning_rate:g}"] if self.learning_rate is not None else []
-        extra += ([f"seed={self.seed}"] if self.seed is not None else []) + self.overrides
+        extra = self.extra_overrides()
         from ..llm.tune_output import check_overrides
 
         errors = check_overrides(extra, args)
         if errors:
             raise InvalidSpecErrors(errors)
         return args + extra
+
+    def extra_overrides(self) -> list[str]:
+        """The overrides after the typed settings': ``optimizer.lr``, ``seed``, then ``overrides``."""
+        extra = [f"optimizer.lr={self.learning_rate:g}"] if self.learning_rate is not None else []
+        return extra + ([f"seed={self.seed}"] if self.seed is not None else []) + self.overrides
 
     def _output(self, ctx: Any) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
         """Where the output goes on this side, and the volume + mount that put it at /workspace/output."""
@@ -173,7 +178,7 @@ class TorchTuneFinetune:
         local_inputs: dict[str, Any] = {}
         for kind in ("dataset", "model"):
             try:
-                found[kind], more = self._storage(kind)
+                found[kind], more = self.storage(kind)
                 local_inputs.update(more)
             except InvalidSpecErrors as e:
                 errors += e.errors
@@ -273,83 +278,6 @@ class TorchTuneFinetune:
             ctx.metadata["weights"] = "adapter"  # what was trained; the merged model is there too (merged_model)
 
 
-# Component input -> (settings section, SDK field name).
-_LORA_INPUTS = {
-    "lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout", "lora_target_modules": "lora_attn_modules",
-    "lora_apply_to_mlp": "apply_lora_to_mlp", "lora_apply_to_output": "apply_lora_to_output", "use_dora": "use_dora",
-    "quantize_base": "quantize_base",
-}  # fmt: skip
-_DATASET_INPUTS = {
-    "dataset_source": "source", "dataset_split": "split", "train_on_input": "train_on_input", "system_prompt": "new_system_prompt",
-    "column_map": "column_map",
-}  # fmt: skip
-_TOP_INPUTS = ("dtype", "batch_size", "epochs", "loss", "num_nodes", "resources_per_node")
-METHODS = ("full", "lora", "qlora")
-
-
-def torchtune_settings(method: str = "full", **inputs: Any) -> Any:
-    """The SDK's ``TorchTuneConfig`` from the component's flat inputs (``None`` = the runtime's config value).
-
-    ``method`` is ``full``, ``lora`` or ``qlora`` (LoRA on a 4-bit quantized base, the SDK's
-    ``quantize_base=True``); the LoRA inputs apply to the last two only. ``quantize_base=False``
-    with ``lora`` sends the SDK's explicit ``model.quantize_base=False``. Errors name the
-    component's inputs.
-
-    Example:
-        >>> s = torchtune_settings("lora", epochs=2, lora_rank=8, dataset_source="parquet")
-        >>> (s.epochs, s.peft_config.lora_rank, s.dataset_preprocess_config.source)
-        (2, 8, 'parquet')
-        >>> torchtune_settings("full", lora_rank=8)
-        Traceback (most recent call last):
-        ...
-        kfp_trainer.errors.InvalidSpecErrors: 1 invalid input(s):
-          - lora_rank: got 8; expected nothing with method='full' (set method='lora' or 'qlora')
-    """
-    from ..llm.inputs import TorchTuneSettings, parse
-
-    inputs = {k: (None if v == "" else v) for k, v in inputs.items()}  # a pipeline's "" means: the runtime's value
-    unknown = sorted(set(inputs) - set(_LORA_INPUTS) - set(_DATASET_INPUTS) - set(_TOP_INPUTS))
-    if unknown:
-        raise TypeError(f"unknown torchtune inputs: {unknown}")
-    errors: list[ValidationError] = []
-    if method not in METHODS:
-        errors.append(ValidationError("method", method, " or ".join(METHODS)))
-    lora = {sdk: inputs[name] for name, sdk in _LORA_INPUTS.items() if inputs.get(name) is not None}
-    alpha = lora.get("lora_alpha")
-    if isinstance(alpha, float) and alpha.is_integer():  # KFP hands a float input over as 16.0; the SDK writes 16
-        lora["lora_alpha"] = int(alpha)
-    if method == "full":
-        errors += [ValidationError(n, inputs[n], "nothing with method='full' (set method='lora' or 'qlora')") for n in _LORA_INPUTS
-                   if inputs.get(n) is not None]  # fmt: skip
-    quantize = lora.get("quantize_base")
-    if method == "lora" and quantize is True:
-        errors.append(ValidationError("quantize_base", True, "False or unset with method='lora' (method='qlora' quantizes the base)"))
-    if method == "qlora" and quantize is False:
-        errors.append(ValidationError("quantize_base", False, "True or unset with method='qlora' (method='lora' leaves the base as it is)"))
-    if errors:
-        raise InvalidSpecErrors(errors)
-    values: dict[str, Any] = {k: inputs.get(k) for k in _TOP_INPUTS}
-    if method in ("lora", "qlora"):
-        values["peft_config"] = {**lora, **({"quantize_base": True} if method == "qlora" else {})}
-    pre = {sdk: inputs[name] for name, sdk in _DATASET_INPUTS.items() if inputs.get(name) is not None}
-    if pre:
-        values["dataset_preprocess_config"] = pre
-    names = {f"peft_config.{sdk}": n for n, sdk in _LORA_INPUTS.items()}
-    names.update({f"dataset_preprocess_config.{sdk}": n for n, sdk in _DATASET_INPUTS.items()})
-    try:
-        return parse(TorchTuneSettings, **values)
-    except InvalidSpecErrors as e:
-        renamed = [ValidationError(_rename(err.field, names), err.value, err.allowed) for err in e.errors]
-        raise InvalidSpecErrors(renamed) from None
-
-
-def _rename(field: str, names: dict[str, str]) -> str:
-    for prefix, name in names.items():
-        if field == prefix or field.startswith(prefix + "."):
-            return name + field[len(prefix) :]
-    return field
-
-
 def run_torchtune_finetune(
     *,
     method: str,
@@ -376,8 +304,14 @@ def run_torchtune_finetune(
     Returns:
         The launcher's ``Outcome``.
     """
+    from .checks import torchtune_errors
     from .train_job import run_train_job
 
+    arguments = {"method": method, "settings": settings, "sources": sources, "dataset_path": dataset_path,
+                 "learning_rate": learning_rate, "seed": seed, "overrides": overrides, "inputs": launch.get("inputs")}  # fmt: skip
+    errors = torchtune_errors(arguments, local=True)  # what a built pipeline checked too; the backend's rules follow
+    if errors:
+        raise InvalidSpecErrors(errors)
     trainer = TorchTuneFinetune(
         torchtune_settings(method, **settings),
         dataset_path=dataset_path or "",

@@ -12,7 +12,9 @@ def run_initializer(*, uri: str, kind: str, output: Any, ignore_patterns: list[s
     """Fetch ``uri`` into the output artifact and describe it in the artifact's metadata."""
     from ..data import discover
     from ..storage import fetch, redact
+    from .checks import check_initializer
 
+    check_initializer({"uri": uri})
     started = time.monotonic()
     log(f"fetching {kind} {redact(uri)}")
     info = fetch(uri, output.path, kind=kind, ignore_patterns=ignore_patterns)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import cancel, naming
-from ..errors import UserError
+from ..errors import InvalidSpecErrors, UserError
 from .common import (
     copy_dir,
     dir_stats,
@@ -132,6 +132,33 @@ def normalize_values(inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 
+# Integer inputs that mean "unset" at these values (kfp.local cannot hand None to an int input).
+_UNSET = {"num_nodes": 0, "active_deadline_seconds": 0, "termination_grace_period_seconds": -1}
+#: The ``train_job`` component's inputs that are the launcher's own options, not TrainJob inputs.
+LAUNCH_OPTIONS = ("backend", "workspace_path", "start_timeout", "queue_timeout", "run_timeout", "logs", "delete_after_success")
+_NOT_TRAINJOB = {"output_model", "metrics", "report", "trainjob", "dataset", "model", "task_config", *LAUNCH_OPTIONS}
+
+
+MISSING_CONTEXT = (
+    "warning: this task did not fill in its run context (run id, task name, workspace) -- was the component YAML loaded "
+    "with kfp.components.load_component_from_*? That loader also drops the TaskConfig passthroughs (resources, "
+    "tolerations, volumes then miss the TrainJob): load it with kfp_trainer.components.load_component_from_file/url"
+)
+
+
+def train_job_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The TrainJob inputs among a ``train_job`` task's input values (``None`` = unset).
+
+    The component passes its ``locals()``; the same mapping checks literal arguments when a
+    pipeline is built.
+
+    Example:
+        >>> train_job_inputs({"runtime": "torch-distributed", "num_nodes": 0, "logs": "all", "termination_grace_period_seconds": 30})
+        {'runtime': 'torch-distributed', 'num_nodes': None, 'termination_grace_period_seconds': 30}
+    """
+    return {k: (None if k in _UNSET and v == _UNSET[k] else v) for k, v in values.items() if k not in _NOT_TRAINJOB}
+
+
 @cancel.entry_point  # first: from here on a KFP cancel ends with the TrainJob deleted or never created
 def run_train_job(
     *,
@@ -186,6 +213,8 @@ def run_train_job(
     from ..taskconfig import merge_task_config
 
     given = normalize_values({k: v for k, v in inputs.items() if v is not None})
+    if unresolved(given.get("run_id")):
+        log(MISSING_CONTEXT)
     output_uri = str(getattr(output_model, "uri", "") or "")
     run_id, task_name, pipeline_name = resolve_identity(
         given.get("run_id", ""), given.get("task_name", ""), given.get("pipeline_name", ""), output_uri=output_uri
@@ -212,6 +241,11 @@ def run_train_job(
     key = f"{naming.label_value(task_name or 'train-job')[:40].strip('-_.') or 'train'}-{naming.digest(key_source)}"
     ctx = None
     if trainer is not None:
+        from .checks import trainjob_errors
+
+        early = trainjob_errors(merged, local=local)  # the inputs given, before the runtime is read
+        if early:
+            raise InvalidSpecErrors(early)
         probe = TrainJobInputs.parse(**{k: merged[k] for k in ("runtime", "runtime_kind", "namespace") if merged.get(k)})
         ctx = TrainerContext(
             backend=chosen, runtime=chosen.resolve_runtime(probe), inputs=merged, local=local, shared_root=shared_root, key=key,

@@ -144,7 +144,6 @@ def pipeline(
             dataset=data.outputs["dataset"],
             backend=backend,
         ).set_display_name("train point (TrainJob)")
-        train.set_caching_options(False)
         train.set_cpu_limit(CPU_PER_NODE).set_memory_limit(MEMORY_PER_NODE)
     best = select_best(
         models=dsl.Collected(train.outputs["output_model"]), metrics=dsl.Collected(train.outputs["metrics"]), metric=metric

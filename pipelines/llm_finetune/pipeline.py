@@ -163,7 +163,6 @@ def pipeline(
         model=base.outputs["model"],
         backend=backend,
     ).set_display_name("fine-tune (TrainJob)")
-    train.set_caching_options(False)  # a launcher's inputs rarely change: a cache hit would skip training
     train.after(base_eval)  # the baseline first, so the two runs do not share the CPU locally
     # Each trainer node's resources: they go to the TrainJob (RESOURCES passthrough), not to this launcher's pod.
     train.set_cpu_limit(cpu_per_node).set_memory_limit(memory_per_node)

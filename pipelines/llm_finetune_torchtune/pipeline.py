@@ -115,7 +115,6 @@ def pipeline(
         resources_per_node={"gpu": gpus_per_node},
         backend=backend,
     ).set_display_name("fine-tune (torchtune TrainJob)")
-    tune.set_caching_options(False)  # a launcher's inputs rarely change: a cache hit would skip training
     tune.set_retry(num_retries=RETRIES)  # a retry resumes from the last epoch checkpoint on the workspace
     tune.after(base_eval)  # the baseline first, so the two do not share the CPU locally
     evaluate_model(

@@ -114,7 +114,6 @@ def pipeline(
         dataset=data.outputs["dataset"],
         backend=backend,
     ).set_display_name("train (TrainJob)")
-    train.set_caching_options(False)
     train.set_cpu_limit(cpu_per_node).set_memory_limit(memory_per_node)  # each trainer node's (RESOURCES passthrough)
     train.set_accelerator_type(accelerator_type).set_accelerator_limit(accelerators_per_node)  # no GPU while the type is ""
     evaluate_classifier(model=train.outputs["output_model"], dataset=data.outputs["dataset"]).set_display_name("evaluate")

@@ -157,7 +157,8 @@ def test_the_rules_catch_what_the_backend_refuses(tmp_path):
         # train_job as kfp's own loader gives it: nothing fills in task_name, task_id, workspace_path
         task = _plain_train_job()(command=["python", "t.py"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         task.set_caching_options(True)
-        train_job(command=["python", "t.py"], workspace_path="")  # the workspace is not mounted; caching left on
+        # the workspace is not mounted; caching (off by default on a launcher) turned back on
+        train_job(command=["python", "t.py"], workspace_path="").set_caching_options(True)
 
     path = tmp_path / "bad.yaml"
     compiler.Compiler().compile(bad, str(path))

@@ -1,0 +1,66 @@
+"""The workspace of an enclosing pipeline, for launcher tasks inside a nested ``@dsl.pipeline``.
+
+A pipeline used as a step of another is built once, when its ``@dsl.pipeline`` runs, usually
+without a workspace of its own; KFP refuses ``dsl.WORKSPACE_PATH_PLACEHOLDER`` there. Its
+launcher tasks are noted on it instead (:func:`await_workspace`), and each time the pipeline is
+called inside one that declares a workspace, the task KFP makes for it gets a copy of its
+spec in which those tasks receive ``workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER`` -- as tasks
+of the outer pipeline get it (:mod:`.context`); the nested pipeline itself is left as it was.
+A pipeline nested in a pipeline without a workspace passes the note on to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kfp import dsl
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+from .context import WORKSPACE_INPUT, building_pipeline, pipeline_workspace_declared
+
+_PENDING = "_kfp_trainer_awaiting_workspace"  # task names, on the GraphComponent
+_CLASSES: dict[type, type] = {}
+
+
+def await_workspace(task: Any) -> None:
+    """Note ``task`` (in a pipeline without a workspace) on the pipeline being built."""
+    _note(building_pipeline(), {task.name})
+
+
+def _note(graph: Any, names: set[str]) -> None:
+    if graph is None or not names:
+        return
+    pending = graph.__dict__.setdefault(_PENDING, set())
+    pending.update(names)
+    cls = type(graph)
+    if not getattr(cls, _PENDING, False):
+        if cls not in _CLASSES:
+            _CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _call, "__module__": cls.__module__, _PENDING: True})
+        graph.__class__ = _CLASSES[cls]
+
+
+def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    task = super(type(self), self).__call__(*args, **kwargs)
+    names = set(self.__dict__.get(_PENDING) or ())
+    if names and getattr(task, "pipeline_spec", None) is not None:
+        if pipeline_workspace_declared():
+            task.pipeline_spec = with_workspace(task.pipeline_spec, names)
+        else:
+            _note(building_pipeline(), names)
+    return task
+
+
+def with_workspace(spec: Any, names: set[str]) -> Any:
+    """A copy of ``spec`` where the launcher tasks named ``names`` receive the workspace placeholder."""
+    out = pipeline_spec_pb2.PipelineSpec()
+    out.CopyFrom(spec)
+    dags = [out.root.dag] + [c.dag for c in out.components.values() if c.HasField("dag")]
+    for dag in dags:
+        for name, task in dag.tasks.items():
+            if name not in names or WORKSPACE_INPUT in task.inputs.parameters:
+                continue
+            component = out.components.get(task.component_ref.name)
+            if component is None or WORKSPACE_INPUT not in component.input_definitions.parameters:
+                continue
+            task.inputs.parameters[WORKSPACE_INPUT].runtime_value.constant.string_value = dsl.WORKSPACE_PATH_PLACEHOLDER
+    return out
