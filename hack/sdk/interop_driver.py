@@ -14,8 +14,9 @@ instead sends one ``update_trainjob_status`` report (to the URL, CA and token na
 ``KUBEFLOW_TRAINER_SERVER_*`` environment variables) and prints ``{"sent": true|false}``.
 
 ``config`` holds TorchTuneConfig's fields with plain values (enums by value); ``trainer`` holds
-CustomTrainer's fields except ``func``, which names one of the functions below. The functions
-are also imported by the interop test, so both sides read the same source file.
+CustomTrainer's fields except ``func``, which names one of the functions below, or a function
+of the Python file named by the case's ``module``. The functions are also imported by the
+interop tests, so both sides read the same source file.
 """
 
 from __future__ import annotations
@@ -44,6 +45,19 @@ def fine_tune_with_packages():
     import transformers  # noqa: F401
 
     print("packages are there", {"quoted": "yes", "braces": "{}"})
+
+
+def _function(case: dict):
+    """The case's training function: one of this file's, or ``func`` of the Python file ``module`` names."""
+    if not case.get("module"):
+        return globals()[case["func"]]
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(Path(case["module"]).stem, case["module"])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, case["func"])
 
 
 def _sdk_types(case: dict):
@@ -76,7 +90,7 @@ def _sdk_types(case: dict):
             cfg["dataset_preprocess_config"] = types.TorchTuneInstructDataset(**pre)
         trainer = types.BuiltinTrainer(config=types.TorchTuneConfig(**cfg))
     else:
-        trainer = types.CustomTrainer(func=globals()[case["func"]], **(case.get("trainer") or {}))
+        trainer = types.CustomTrainer(func=_function(case), **(case.get("trainer") or {}))
     return initializer, trainer
 
 

@@ -44,6 +44,7 @@ def torchtune_finetune(
     lora_apply_to_mlp: Optional[bool] = None,
     lora_apply_to_output: Optional[bool] = None,
     use_dora: Optional[bool] = None,
+    quantize_base: Optional[bool] = None,
     dataset_source: Optional[str] = None,
     dataset_split: Optional[str] = None,
     train_on_input: Optional[bool] = None,
@@ -113,6 +114,7 @@ def torchtune_finetune(
         lora_apply_to_mlp: LoRA on the MLP layers too.
         lora_apply_to_output: LoRA on the output projection too.
         use_dora: DoRA instead of LoRA.
+        quantize_base: False sends model.quantize_base=False with method lora (qlora sets it to True).
         dataset_source: Format of the dataset's files: json, csv, parquet, arrow, text or xml.
         dataset_split: Split to train on, e.g. train or train[:90%].
         train_on_input: Train on the prompts too, not only the responses.

@@ -2,18 +2,22 @@
 """``trainjob_component``: turn a Python training function into a component that runs it in a TrainJob.
 
 It is the pipeline form of the kubeflow SDK's ``TrainerClient().train(trainer=CustomTrainer(func,
-func_args, packages_to_install, ...))``: the TrainJob runs the function exactly as the SDK's
-does (the same command: packages installed, the source written to its file name, started by
-the runtime's launcher -- ``torchrun`` on every node of a torch runtime -- and called as
-``func(**func_args)``), so a function moved from ``train()`` into a pipeline changes nothing.
-The function's parameters become the component's inputs (``func_args``). Its source travels
-inside the component, so it must be self-contained like any KFP lightweight component:
-imports inside its body, parameters annotated with ``str``, ``int``, ``float``, ``bool``,
-``dict`` or ``list``. Three parameter names are special: ``dataset_dir`` and ``model_dir`` add
-``dataset`` / ``model`` artifact inputs and receive their paths; ``output_dir`` receives the
-directory to save the model to, which becomes the ``output_model`` artifact. Everything the
-function prints as metrics (JSON lines, ``name=value``) becomes the ``metrics`` output and
-the report's curves.
+func_args, packages_to_install, ...))``: the TrainJob is the one the SDK creates -- the same
+command (packages installed, the function's source as ``inspect.getsource`` gives it,
+decorators included, written to its file name, started by the runtime's launcher --
+``torchrun`` on every node of a torch runtime -- and called as ``func(**func_args)``, or
+``func()`` for a function without parameters), the runtime's image and node count unless set,
+``resources_per_node`` in the SDK's flat form -- so a function moved from ``train()`` into a
+pipeline changes nothing. Only the ``@trainjob_component(...)`` line itself is left out of
+the source. The function's parameters become the component's inputs (``func_args``), under
+any name but those of the component's own inputs. Its source travels inside the component,
+so it must be self-contained like any KFP lightweight component: imports inside its body,
+parameters annotated with (or defaulting to a value of) ``str``, ``int``, ``float``,
+``bool``, ``dict`` or ``list``. Three parameter names are special: ``dataset_dir`` and
+``model_dir`` add ``dataset`` / ``model`` artifact inputs and receive their paths;
+``output_dir`` receives the directory to save the model to, which becomes the
+``output_model`` artifact. Everything the function prints as metrics (JSON lines,
+``name=value``) becomes the ``metrics`` output and the report's curves.
 
 Only the standard library and ``kfp`` are imported here.
 
@@ -29,6 +33,7 @@ Example:
     ['backend', 'epochs', 'image']
 """
 
+import ast
 import inspect
 import itertools
 import linecache
@@ -41,24 +46,78 @@ from typing import Any, Optional
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output, OutputPath
 
-from ._image import BASE_IMAGE, TRAINER_IMAGE
+from ._image import BASE_IMAGE
 from .calls import FUNCTION_ATTRIBUTE
 from .context import with_run_context
 from .train_job import TASK_CONFIG_PASSTHROUGHS
 
 SPECIAL = ("dataset_dir", "model_dir", "output_dir")
 _TYPES = {str: "str", int: "int", float: "float", bool: "bool", dict: "dict", list: "list"}
-_RESERVED = {
-    "output_model", "metrics", "report", "trainjob", "dataset", "model", "num_nodes", "runtime", "image", "backend",
-    "workspace_path", "run_id", "task_name", "task_id", "start_timeout", "run_timeout", "task_config", "env", "num_proc_per_node",
-    "resources_per_node", "namespace", "logs", "packages_to_install", "pip_index_urls",
-}
+# KFP refuses an input named "Output" (the name of a function's single return value).
+_KFP_RESERVED = ("Output",)
+_OUTPUTS = ("output_model", "metrics", "report", "trainjob")
+_LAUNCH_INPUTS = (
+    "num_nodes", "runtime", "image", "packages_to_install", "pip_index_urls", "backend", "workspace_path", "run_id", "task_name",
+    "task_id", "start_timeout", "run_timeout", "task_config",
+)  # fmt: skip
 _counter = itertools.count()
 
+
+def _declared_by(decorator: ast.expr, func: Callable) -> bool:
+    """Whether ``decorator`` (as written above ``func``) is :func:`trainjob_component`."""
+    node = decorator.func if isinstance(decorator, ast.Call) else decorator
+    path = []
+    while isinstance(node, ast.Attribute):
+        path.insert(0, node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return False
+    scope = getattr(inspect.unwrap(func), "__globals__", {})
+    if node.id in scope:
+        found: Any = scope[node.id]
+        for attr in path:
+            found = getattr(found, attr, None)
+        return found is trainjob_component
+    return (path or [node.id])[-1] == "trainjob_component"  # a name of an enclosing function's scope
+
+
 def _function_source(func: Callable) -> str:
-    lines = textwrap.dedent(inspect.getsource(func)).splitlines()
-    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "async def ")))
-    return "\n".join(lines[start:]) + "\n"
+    """The source the SDK sends (``textwrap.dedent(inspect.getsource(func))``), without this factory's own decorator.
+
+    Decorators written below ``@trainjob_component(...)`` were applied to ``func`` and stay,
+    as the SDK keeps them; the factory's line (and any written above it, which decorate the
+    component rather than the function) would not run in the trainer.
+    """
+    source = textwrap.dedent(inspect.getsource(func))
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source  # the settings' check names the problem
+    node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if node is None:
+        return source
+    ours = [d for d in node.decorator_list if _declared_by(d, func)]
+    if not ours:
+        return source
+    last = ours[-1]
+    following = node.decorator_list[node.decorator_list.index(last) + 1 :]
+    first_kept = following[0].lineno if following else node.lineno  # lines are 1-based; "@" sits on the expression's line
+    lines = source.splitlines(keepends=True)
+    return "".join(lines[first_kept - 1 :])
+
+
+def _parameter_kind(p: inspect.Parameter, func_name: str) -> str:
+    """The KFP type of a parameter: its annotation, or the type of its default when it has none."""
+    if p.annotation is inspect.Parameter.empty and p.default is not inspect.Parameter.empty:
+        default_type = bool if isinstance(p.default, bool) else type(p.default)
+        if default_type in _TYPES:
+            return _TYPES[default_type]
+    if p.annotation is inspect.Parameter.empty:
+        raise TypeError(
+            f"parameter {p.name!r} of {func_name}: annotate it with str, int, float, bool, dict or list, or give it a default of "
+            "one of those types (it becomes a component input)"
+        )
+    return _annotation_name(p.annotation, p.name)
 
 
 def _annotation_name(annotation: Any, name: str) -> str:
@@ -90,7 +149,7 @@ def trainjob_component(
     func: Optional[Callable] = None,
     *,
     runtime: str = "torch-distributed",
-    num_nodes: int = 1,
+    num_nodes: Optional[int] = None,
     num_proc_per_node: Optional[int] = None,
     image: Optional[str] = None,
     resources_per_node: Optional[dict] = None,
@@ -111,10 +170,12 @@ def trainjob_component(
     Args:
         func: The training function (self-contained; imports inside its body).
         runtime: Default Trainer runtime.
-        num_nodes: Default number of trainer nodes.
+        num_nodes: Default number of trainer nodes; unset (the component's 0), the runtime's.
         num_proc_per_node: Processes per node (torch runtimes).
-        image: Default trainer image; one with torch and kfp-trainer's dependencies.
-        resources_per_node: Default resources of each node.
+        image: Default trainer image; unset (the component's ""), the runtime's, as with the SDK.
+        resources_per_node: Resources of each node: the SDK's flat form (``{"cpu": 4, "memory":
+            "8Gi", "gpu": 1}``, requests equal to limits) or a Kubernetes ResourceRequirements
+            dict (``{"limits": {...}}``).
         env: Extra environment of the trainer.
         packages_to_install: Default pip requirements installed in the trainer before the
             function runs (as the SDK's ``packages_to_install``; a local run installs nothing
@@ -126,7 +187,8 @@ def trainjob_component(
         A ``PythonComponent``.
 
     Raises:
-        TypeError: A parameter is not annotated with a supported type.
+        TypeError: A parameter has neither a supported annotation nor a default of a supported
+            type, is positional-only, or has the name of one of the component's own inputs.
     """
     if func is None:
         return lambda f: trainjob_component(
@@ -140,24 +202,45 @@ def trainjob_component(
     except TypeError:
         func_file = f"{name}.py"
     signature = inspect.signature(func)
-    params, arguments, specials = [], [], []
+    specials = [p.name for p in signature.parameters.values() if p.name in SPECIAL]
+    artifact_inputs = {n: f"{n}: Input[{'Dataset' if n == 'dataset' else 'Model'}] = None" for n in ("dataset", "model")
+                       if f"{n}_dir" in specials}  # fmt: skip
+    taken = {*_OUTPUTS, *_LAUNCH_INPUTS, *artifact_inputs}
+    params, arguments, order = [], [], []
+    defaults, types = {}, {}
     for p in signature.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue  # *args / **kwargs take no component input
+        if p.kind is p.POSITIONAL_ONLY:
+            raise TypeError(f"parameter {p.name!r} of {name}: positional-only, but the function is called as {name}(**func_args)")
+        order.append(p.name)
         if p.name in SPECIAL:
-            specials.append(p.name)
             continue
-        if p.name in _RESERVED:
-            raise TypeError(f"parameter {p.name!r} of {name}: the name is taken by the component; rename it")
-        kind = _annotation_name(p.annotation, p.name)
+        if not p.name[0].isalpha():
+            raise TypeError(f"parameter {p.name!r} of {name}: KFP input names start with a letter; rename it")
+        if p.name in _KFP_RESERVED:
+            raise TypeError(f"parameter {p.name!r} of {name}: KFP reserves the input name {p.name!r}; rename it")
+        if p.name in taken:
+            raise TypeError(f"parameter {p.name!r} of {name}: the name is taken by the component's own inputs "
+                            f"({', '.join(sorted(taken))}); rename it")  # fmt: skip
+        kind = _parameter_kind(p, name)
         default = "" if p.default is inspect.Parameter.empty else f" = {p.default!r}"
         params.append(f"{p.name}: {kind}{default}")
         arguments.append(p.name)
+        if p.default is not inspect.Parameter.empty:
+            defaults[p.name] = p.default
+        types[p.name] = kind.removeprefix("Optional[").removesuffix("]")
     params.sort(key=lambda text: " = " in text)  # parameters without defaults first
-    artifact_inputs = [
-        f"{n}: Input[{'Dataset' if n == 'dataset' else 'Model'}] = None" for n in ("dataset", "model") if f"{n}_dir" in specials
-    ]
     source = _function_source(func)
     doc = inspect.getdoc(func) or f"Runs {name} in a Kubeflow Trainer TrainJob."
-    args_dict = ", ".join(f"{a!r}: {a}" for a in arguments)
+    # The body binds one name, which no parameter can have (KFP input names start with a letter),
+    # and reads every input by name: any parameter name of the function reaches it unchanged.
+    module = "_kfp_trainer_function"
+    values = ", ".join(f"{n!r}: {n}" for n in [*_OUTPUTS, *arguments, *artifact_inputs, *_LAUNCH_INPUTS])
+    constants = {
+        "source": source, "function": name, "func_file": func_file, "parameters": order, "defaults": defaults,
+        "types": types, "num_proc_per_node": num_proc_per_node, "resources_per_node": resources_per_node, "env": env,
+    }  # fmt: skip
     code = f'''
 def {name}(
     output_model: Output[Model],
@@ -165,10 +248,10 @@ def {name}(
     report: Output[HTML],
     trainjob: OutputPath(str),
     {(", ".join(params) + ",") if params else ""}
-    {(", ".join(artifact_inputs) + ",") if artifact_inputs else ""}
-    num_nodes: int = {int(num_nodes)!r},
+    {(", ".join(artifact_inputs.values()) + ",") if artifact_inputs else ""}
+    num_nodes: int = {int(num_nodes or 0)!r},
     runtime: str = {runtime!r},
-    image: str = {image or TRAINER_IMAGE!r},
+    image: str = {image or ""!r},
     packages_to_install: list = {list(packages_to_install or [])!r},
     pip_index_urls: list = {list(pip_index_urls or ["https://pypi.org/simple"])!r},
     backend: str = "auto",
@@ -181,22 +264,9 @@ def {name}(
     task_config: dsl.TaskConfig = None,
 ):
     {doc!r}
-    from kfp_trainer import steps
+    import kfp_trainer.steps.function as {module}
 
-    inputs = {{
-        "runtime": runtime, "image": image, "num_nodes": num_nodes, "run_id": run_id, "task_name": task_name, "task_id": task_id,
-        "num_proc_per_node": {num_proc_per_node!r}, "resources_per_node": {resources_per_node!r}, "env": {env!r},
-    }}
-    steps.exit_on_error(
-        lambda: steps.run_function_job(
-            source={source!r}, function={name!r}, func_file={func_file!r}, arguments={{{args_dict}}}, specials={specials!r},
-            packages_to_install=packages_to_install, pip_index_urls=pip_index_urls,
-            inputs=inputs, task_config=task_config, backend=backend, start_timeout=start_timeout,
-            run_timeout=run_timeout, logs="0", delete_after_success=False, workspace_path=workspace_path,
-            dataset={"dataset" if "dataset_dir" in specials else "None"}, model={"model" if "model_dir" in specials else "None"},
-            output_model=output_model, metrics=metrics, report=report, trainjob_path=trainjob,
-        )
-    )
+    {module}.run_function_component({{{values}}}, {constants!r})
 '''
     filename = f"<kfp-trainer trainjob_component {name} {next(_counter)}>"
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import keyword
 import re
 from decimal import Decimal
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -116,9 +116,17 @@ class LoraSettings(_Strict):
     )
     lora_rank: int | None = Field(default=None, ge=1)
     lora_alpha: int | float | None = Field(default=None, gt=0)
-    lora_dropout: float | None = Field(default=None, ge=0.0, lt=1.0)
+    # int kept as int: the SDK writes the value as given (``lora_dropout=0`` -> ``model.lora_dropout=0``)
+    lora_dropout: int | float | None = Field(default=None, ge=0, lt=1)
     quantize_base: bool | None = None
     use_dora: bool | None = None
+
+    @field_validator("lora_rank", "lora_alpha", "lora_dropout", mode="before")
+    @classmethod
+    def _numbers_not_bools(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("a number, not a bool")
+        return v
 
     @field_validator("lora_attn_modules")
     @classmethod
@@ -180,7 +188,14 @@ class TorchTuneSettings(_Strict):
 
 
 class StorageSource(_Strict):
-    """A dataset or model for the Trainer's initializers: ``hf://`` or ``s3://``, options, a Secret by name."""
+    """A dataset or model for the Trainer's initializers: ``hf://`` or ``s3://``, options, a Secret by name.
+
+    ``ignore_patterns`` left out of a model source means the SDK's default patterns
+    (:data:`MODEL_IGNORE_PATTERNS`); given as ``None`` it means none, as in the SDK.
+    """
+
+    #: Fields for which :func:`parse` keeps an explicit ``None`` (it means something else than leaving them out).
+    explicit_none: ClassVar[tuple[str, ...]] = ("ignore_patterns",)
 
     storage_uri: str
     ignore_patterns: list[str] | None = None
@@ -342,12 +357,13 @@ def _errors(e: pydantic.ValidationError, prefix: str = "") -> list[ValidationErr
 
 
 def parse(model: type[M], prefix: str = "", /, **values: Any) -> M:
-    """Build ``model`` from plain values (``None`` = not set); every problem in one error.
+    """Build ``model`` from plain values (``None`` = not set, but for the model's ``explicit_none`` fields); every problem in one error.
 
     Raises:
         InvalidSpecErrors: one :class:`~kfp_trainer.errors.ValidationError` per bad field.
     """
     try:
-        return model(**{k: v for k, v in values.items() if v is not None})
+        keep = getattr(model, "explicit_none", ())
+        return model(**{k: v for k, v in values.items() if v is not None or k in keep})
     except pydantic.ValidationError as e:
         raise InvalidSpecErrors(_errors(e, prefix)) from None

@@ -87,7 +87,7 @@ def resources_per_node(resources: dict[str, Any]) -> dict[str, Any]:
 def _initializer_env(source: StorageSource, *, model: bool) -> list[dict[str, str]]:
     """Optional initializer settings as env, in the SDK's field order (secrets only by reference)."""
     patterns = source.ignore_patterns
-    if patterns is None and model:
+    if patterns is None and model and "ignore_patterns" not in source.model_fields_set:  # the SDK's default; None given: none
         patterns = list(MODEL_IGNORE_PATTERNS)
     values: list[tuple[str, Any]] = [("IGNORE_PATTERNS", None if patterns is None else ",".join(patterns))]
     if source.scheme == "s3":

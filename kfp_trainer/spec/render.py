@@ -99,7 +99,7 @@ def _trainer(inputs: TrainJobInputs) -> dict[str, Any]:
         trainer["image"] = inputs.image
     if inputs.command:
         trainer["command"] = list(inputs.command)
-    if inputs.args or inputs.resume_args:
+    if inputs.args or inputs.resume_args or "args" in inputs.model_fields_set:  # args=[] given: sent as [] (the SDK's no overrides)
         trainer["args"] = list(inputs.args) + list(inputs.resume_args)
     if inputs.env:
         trainer["env"] = env_list(inputs.env)

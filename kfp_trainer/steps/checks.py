@@ -143,7 +143,8 @@ def check_function(values: Mapping[str, Any], function: Mapping[str, Any] | None
     from ..spec import rules
 
     function = function or {}
-    inputs = {k: values.get(k) for k in ("runtime", "image", "num_nodes", "run_id", "task_name", "task_id")}
+    inputs = {k: values.get(k) for k in ("runtime", "run_id", "task_name", "task_id")}
+    inputs.update(image=values.get("image") or None, num_nodes=values.get("num_nodes") or None)  # "" and 0: the runtime's
     errors = launch_option_errors(values, _FUNCTION_LAUNCH)
     errors += trainjob_errors({**inputs, **(function.get("inputs") or {})}, local=_local(values))
     if function.get("source"):

@@ -17,6 +17,7 @@ from ..errors import InvalidSpecErrors, ValidationError
 _LORA_INPUTS = {
     "lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout", "lora_target_modules": "lora_attn_modules",
     "lora_apply_to_mlp": "apply_lora_to_mlp", "lora_apply_to_output": "apply_lora_to_output", "use_dora": "use_dora",
+    "quantize_base": "quantize_base",
 }  # fmt: skip
 _DATASET_INPUTS = {
     "dataset_source": "source", "dataset_split": "split", "train_on_input": "train_on_input", "system_prompt": "new_system_prompt",
@@ -29,8 +30,10 @@ METHODS = ("full", "lora", "qlora")
 def torchtune_settings(method: str = "full", **inputs: Any) -> Any:
     """The SDK's ``TorchTuneConfig`` from the component's flat inputs (``None`` = the runtime's config value).
 
-    ``method`` is ``full``, ``lora`` or ``qlora`` (LoRA on a 4-bit quantized base); the LoRA
-    inputs apply to the last two only. Errors name the component's inputs.
+    ``method`` is ``full``, ``lora`` or ``qlora`` (LoRA on a 4-bit quantized base, the SDK's
+    ``quantize_base=True``); the LoRA inputs apply to the last two only. ``quantize_base=False``
+    with ``lora`` sends the SDK's explicit ``model.quantize_base=False``. Errors name the
+    component's inputs.
 
     Example:
         >>> s = torchtune_settings("lora", epochs=2, lora_rank=8, dataset_source="parquet")
@@ -58,6 +61,11 @@ def torchtune_settings(method: str = "full", **inputs: Any) -> Any:
     if method == "full":
         errors += [ValidationError(n, inputs[n], "nothing with method='full' (set method='lora' or 'qlora')") for n in _LORA_INPUTS
                    if inputs.get(n) is not None]  # fmt: skip
+    quantize = lora.get("quantize_base")
+    if method == "lora" and quantize is True:
+        errors.append(ValidationError("quantize_base", True, "False or unset with method='lora' (method='qlora' quantizes the base)"))
+    if method == "qlora" and quantize is False:
+        errors.append(ValidationError("quantize_base", False, "True or unset with method='qlora' (method='lora' leaves the base as it is)"))
     if errors:
         raise InvalidSpecErrors(errors)
     values: dict[str, Any] = {k: inputs.get(k) for k in _TOP_INPUTS}

@@ -257,9 +257,10 @@ def test_a_training_functions_literals_are_checked_at_the_call():
     def fit(output_dir: str, hf_token: str = "", epochs: int = 1):
         print(output_dir, hf_token, epochs)
 
-    refused = refused_at_build(lambda: fit(hf_token=HF, num_nodes=0))
+    refused = refused_at_build(lambda: fit(hf_token=HF, num_nodes=-2))
     assert {e.field for e in refused.errors} == {"hf_token", "num_nodes"} and HF not in str(refused)
     assert "fit" in built(lambda: fit(epochs=3))
+    assert "fit" in built(lambda: fit(epochs=3, num_nodes=0, image=""))  # the runtime's node count and image, as the SDK leaves them
 
 
 def test_a_launcher_in_a_nested_pipeline_gets_the_outer_pipelines_workspace(tmp_path):

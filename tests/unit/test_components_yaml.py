@@ -102,7 +102,9 @@ def test_a_trainjob_component_from_a_function_compiles_in_a_pipeline(tmp_path):
         fit(epochs=3, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
 
     compiler.Compiler().compile(fn, str(tmp_path / "fn.yaml"))
-    assert "def fit(output_dir" in (tmp_path / "fn.yaml").read_text()
+    spec = yaml.safe_load((tmp_path / "fn.yaml").read_text())
+    container = spec["deploymentSpec"]["executors"]["exec-fit"]["container"]
+    assert "'source': 'def fit(output_dir: str, epochs: int = 1):" in " ".join(container["command"] + container.get("args", []))
 
 
 def test_sample_pipeline_has_a_valid_name_workspace_and_no_cache_on_training():
