@@ -208,12 +208,14 @@ def generate(
     ``pipelines/``, or ``root``'s when it has them).
     """
     from . import components as comps
+    from .llm import trl_runtime
 
     files: dict[Path, str] = {}
     for name, component in comps.COMPONENTS.items():
         files[root / "components" / name / "component.yaml"] = _compile_to_text(component)
         files[root / "components" / name / "README.md"] = component_readme(name, component)
     files[root / "components" / "README.md"] = components_index(list(comps.COMPONENTS), comps.COMPONENTS)
+    files[root / trl_runtime.DEPLOY_FILE] = trl_runtime.trl_runtime_yaml(comps.TRAINER_IMAGE)
     source = root if (root / "pipelines").is_dir() else REPO
     for folder, module in (_pipeline_modules(source) if pipelines else {}).items():
         text = _compile_to_text(module.pipeline)

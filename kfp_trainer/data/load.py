@@ -156,5 +156,6 @@ def _load(
         examples = [to_example(row, shape, where, render_chat) for row, shape, where in rows]
     if not examples:
         raise DatasetError(f"dataset {path}: split {split!r} has no records (files: {_names(files, root)})")
-    log(f"split {split!r}: {len(examples)} {'pairs' if preference else 'examples'} ({', '.join(sorted(shapes))}) from {_names(files, root)}")
+    what = "pairs" if preference else "examples"
+    log(f"split {split!r}: {len(examples)} {what} ({', '.join(sorted(shapes))}) from {_names(files, root)}")
     return examples

@@ -128,7 +128,7 @@ def trl_settings(*, method: str, extra_args: list[str] | None = None, **inputs: 
         raise TypeError(f"unknown TRL inputs: {unknown}")
     errors: list[ValidationError] = []
     if method not in METHODS:
-        errors.append(ValidationError("method", method, "sft or dpo (grpo needs reward functions and generation, which this component does not run)"))
+        errors.append(ValidationError("method", method, "sft or dpo (grpo needs reward functions and generation: not run here)"))
     zero_is_default = ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "max_steps", "lora_r", "lora_alpha",
                        "max_length", "save_steps", "logging_steps", "beta")  # fmt: skip
     values = {k: (None if (v == "" or (k in zero_is_default and v == 0 and not isinstance(v, bool))) else v) for k, v in inputs.items()}
@@ -161,13 +161,14 @@ def trl_settings(*, method: str, extra_args: list[str] | None = None, **inputs: 
     modules = values.get("lora_target_modules")
     if modules is not None:
         if not isinstance(modules, list) or not modules or not all(isinstance(m, str) and _MODULE.match(m) for m in modules):
-            errors.append(ValidationError("lora_target_modules", modules, 'a list of module names, e.g. ["q_proj", "v_proj"], or ["all-linear"]'))
+            allowed = 'a list of module names, e.g. ["q_proj", "v_proj"], or ["all-linear"]'
+            errors.append(ValidationError("lora_target_modules", modules, allowed))
         out["lora_target_modules"] = modules or None
     if method != "dpo":
         errors += [ValidationError(n, values[n], f"nothing with method={method!r} (beta is DPO's: set method='dpo')")
                    for n in _DPO_ONLY if values.get(n) is not None]  # fmt: skip
     if out["load_in_4bit"] and out["use_peft"] is False:
-        errors.append(ValidationError("use_peft", False, "true (or unset) with load_in_4bit: QLoRA trains a LoRA adapter on the 4-bit base"))
+        errors.append(ValidationError("use_peft", False, "true (or unset) with load_in_4bit: QLoRA trains LoRA on the 4-bit base"))
     if not (out["use_peft"] or out["load_in_4bit"]):
         errors += [ValidationError(n, values[n], "nothing without use_peft=True (a LoRA setting on a full fine-tune)")
                    for n in _PEFT_ONLY if values.get(n) is not None]  # fmt: skip
@@ -181,9 +182,10 @@ def trl_settings(*, method: str, extra_args: list[str] | None = None, **inputs: 
             if not _FLAG.match(item):
                 errors.append(ValidationError(f"extra_args[{i}]", item, "a TRL flag like --warmup_steps (lower case, underscores)"))
             elif flag in OWNED_FLAGS:
-                errors.append(ValidationError(f"extra_args[{i}]", item, f"a flag the step does not set itself (not {', '.join(OWNED_FLAGS)})"))
+                owned = ", ".join(OWNED_FLAGS)
+                errors.append(ValidationError(f"extra_args[{i}]", item, f"a flag the step does not set itself (not {owned})"))
             elif flag in names or flag == "method":
-                errors.append(ValidationError(f"extra_args[{i}]", item, f"a flag without an input of its own: set the {flag} input instead"))
+                errors.append(ValidationError(f"extra_args[{i}]", item, f"a flag without an input of its own: set {flag} instead"))
         elif i == 0:
             errors.append(ValidationError("extra_args[0]", item, "a flag (--name), then its values"))
     if errors:

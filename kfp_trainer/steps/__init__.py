@@ -6,6 +6,8 @@ call one function here, one module per component:
 * :mod:`.train_job` -- ``train_job`` and ``trainjob_component`` components: one TrainJob, and the
   hooks typed trainers plug into;
 * :mod:`.finetune` -- ``torchtune_finetune``: a torchtune runtime's fine-tune, its model, its resume;
+* :mod:`.trl` -- ``trl_finetune``: TRL's SFT or DPO in a TRL runtime's TrainJob, its model, its resume;
+* :mod:`.preference` -- ``evaluate_preferences``: preference win rate and reward margin, the gate verdict;
 * :mod:`.initializers` -- ``dataset_initializer`` / ``model_initializer``;
 * :mod:`.evaluate` -- ``evaluate_model``: LM metrics and the gate verdict;
 * :mod:`.function` -- ``trainjob_component`` components: a Python function run as the SDK's CustomTrainer;
@@ -37,8 +39,10 @@ from .evaluate import compare, read_metrics_artifact, run_evaluate, run_lm_eval
 from .finetune import run_torchtune_finetune
 from .function import BOOTSTRAP, function_command, run_function_job
 from .initializers import run_initializer
+from .preference import run_preference_eval
 from .sweep import run_select_best
 from .train_job import normalize_values, run_train_job
+from .trl import run_trl_finetune
 
 __all__ = [
     "BOOTSTRAP",
@@ -58,6 +62,8 @@ __all__ = [
     "scope_from_uri",
     "run_evaluate",
     "run_initializer",
+    "run_preference_eval",
+    "run_trl_finetune",
     "run_lm_eval",
     "run_classifier_evaluation",
     "run_select_best",

@@ -124,7 +124,7 @@ def _write_addition_preference(dest: Path) -> None:
     info = {
         "name": "addition-preference",
         "uri": f"{SCHEME}://datasets/addition-preference",
-        "description": "Two-digit addition as preference pairs: the right sum chosen, a near miss rejected; test pairs never appear in train.",
+        "description": "Two-digit addition as preference pairs: the sum chosen, a near miss rejected; test pairs never in train.",
         "format": "jsonl",
         "fields": ["prompt", "chosen", "rejected"],
         "splits": {"train": len(train), "test": len(test)},
