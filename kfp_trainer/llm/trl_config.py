@@ -170,8 +170,9 @@ def trl_settings(*, method: str, extra_args: list[str] | None = None, **inputs: 
     if out["load_in_4bit"] and out["use_peft"] is False:
         errors.append(ValidationError("use_peft", False, "true (or unset) with load_in_4bit: QLoRA trains LoRA on the 4-bit base"))
     if not (out["use_peft"] or out["load_in_4bit"]):
+        named = {e.field for e in errors}
         errors += [ValidationError(n, values[n], "nothing without use_peft=True (a LoRA setting on a full fine-tune)")
-                   for n in _PEFT_ONLY if values.get(n) is not None]  # fmt: skip
+                   for n in _PEFT_ONLY if values.get(n) is not None and n not in named]  # fmt: skip
     extra = list(extra_args or [])
     for i, item in enumerate(extra):
         if not isinstance(item, str):
