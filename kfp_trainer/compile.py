@@ -1,7 +1,7 @@
 """Generate the checked-in YAML and READMEs from the Python definitions (one source of truth).
 
     kfp-trainer compile                 # write components/<name>/{component.yaml,README.md}, components/README.md,
-                                        # pipelines/*/pipeline.yaml
+                                        # deploy/trl-runtime.yaml, pipelines/*/pipeline.yaml
     kfp-trainer compile --check         # exit 1 listing stale or missing files; write nothing
     kfp-trainer compile --base-image IMG --trainer-image IMG2   # images you built (make images REGISTRY=...)
     kfp-trainer compile --storage-class nfs-client              # the pipelines' workspace PVC storage class
@@ -9,7 +9,7 @@
 
 Run from a source checkout it writes into the checkout; an installed package (site-packages)
 has no checkout to write into, so there it needs ``--output-dir`` and writes the components'
-YAML and READMEs only (the sample pipelines live in the repository). Output is
+YAML and READMEs and the TRL runtime only (the sample pipelines live in the repository). Output is
 deterministic: the same sources give byte-identical files.
 """
 
@@ -239,8 +239,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "-o", "--output-dir", type=Path, metavar="DIR",
-        help="write components/ (and, from a source checkout, pipelines/) under DIR; the source checkout when unset "
-        "(an installed package has none and needs this flag)",
+        help="write components/, deploy/trl-runtime.yaml (and, from a source checkout, pipelines/) under DIR; "
+        "the source checkout when unset (an installed package has none and needs this flag)",
     )  # fmt: skip
     parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
 

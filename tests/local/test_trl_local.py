@@ -26,7 +26,8 @@ TRAINER = ["-m", "kfp_trainer.trainers.trl_train"]
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("trl")
-    return materialize("builtin://models/tiny-char-lm", root / "model"), materialize("builtin://datasets/addition-preference", root / "data")
+    model = materialize("builtin://models/tiny-char-lm", root / "model")
+    return model, materialize("builtin://datasets/addition-preference", root / "data")
 
 
 def trl(method: str, model: Path, data: Path, out: Path, *flags: str) -> list[str]:

@@ -136,8 +136,8 @@ def test_the_newest_complete_checkpoint_is_the_one_resumed(tmp_path):
 
 
 def test_preference_pairs_are_read_for_dpo_and_as_the_chosen_answer_for_sft(tmp_path):
-    rows = [{"prompt": "1+1=", "chosen": "2", "rejected": 3},
-            {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": [{"role": "assistant", "content": "4"}], "rejected": "5"}]  # fmt: skip
+    chat = {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": [{"role": "assistant", "content": "4"}], "rejected": "5"}
+    rows = [{"prompt": "1+1=", "chosen": "2", "rejected": 3}, chat]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "test.jsonl").write_text(json.dumps(rows[0]) + "\n")
     pairs = load_preference_split(tmp_path, "train", log=lambda _: None)
