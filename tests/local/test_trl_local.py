@@ -92,3 +92,30 @@ def test_qlora_on_a_node_without_cuda_is_refused_before_training(inputs, tmp_pat
     done = subprocess.run(trl("sft", model, data, tmp_path / "q", "--load_in_4bit"), capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "QLoRA (load_in_4bit) needs CUDA (a GPU)" in done.stderr
     assert not (tmp_path / "q").exists()
+
+
+def test_the_component_fetches_uri_sources_itself_and_trains_under_kfp_local(tmp_path, monkeypatch):
+    import tempfile
+
+    from kfp import dsl, local
+
+    from kfp_trainer.components import trl_finetune
+
+    monkeypatch.setenv("KFP_TRAINER_BACKEND", "local")
+    monkeypatch.setenv("KFP_TRAINER_LOCAL_ROOT", str(tmp_path / "trainjobs"))
+    root = tmp_path / "pipeline-root"
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root),
+               workspace_root=tempfile.mkdtemp(prefix="ws-", dir=tmp_path))  # fmt: skip
+
+    @dsl.pipeline(name="trl-uris")
+    def trl_uris():
+        trl_finetune(method="dpo", model_uri="builtin://models/tiny-char-lm", dataset_uri="builtin://datasets/addition-preference",
+                     max_steps=3, per_device_train_batch_size=8, beta=0.2, num_proc_per_node="1")  # fmt: skip
+
+    trl_uris()
+    [out] = root.glob("*/trl-finetune/output_model")
+    info = json.loads((out / "training_info.json").read_text())
+    assert (info["method"], info["steps"], info["weights"], info["hyperparameters"]["beta"]) == ("dpo", 3, "full", 0.2)
+    meta = json.loads((out.parent / "executor_output.json").read_text())["artifacts"]["output_model"]["artifacts"][0]["metadata"]
+    assert meta["base_model"] == "builtin://models/tiny-char-lm" and meta["runtime"] == "ClusterTrainingRuntime/kfp-trainer-trl"
+    assert (out.parent / "output_model.trl-model" / "config.json").is_file()  # fetched next to the artifact, then used
