@@ -169,3 +169,20 @@ def test_the_deploy_file_is_the_runtime_local_mode_runs_with_the_trainer_image()
     assert local["metadata"] == deployed["metadata"] and local["spec"]["mlPolicy"] == deployed["spec"]["mlPolicy"]
     node = deployed["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
     assert node["command"] == list(COMMAND) == ["torchrun", "-m", "kfp_trainer.trainers.trl_train"]
+
+
+def test_a_literal_token_in_extra_args_is_refused_hidden_before_anything_is_created(tmp_path, monkeypatch):
+    monkeypatch.setenv("KFP_TRAINER_LOCAL_ROOT", str(tmp_path / "jobs"))
+    token = "hf_" + "abcdefghijklmnopqrstuvwxyz1234"
+    folders = {k: SimpleNamespace(path=str(tmp_path / k), uri=k, metadata={}) for k in ("model", "dataset")}
+    for f in folders.values():
+        Path(f.path).mkdir()
+    with pytest.raises(InvalidSpecErrors) as excinfo:
+        run_trl_finetune(
+            method="sft", settings={}, extra_args=["--hub_token", token], **folders, inputs={"runtime": RUNTIME_NAME, "run_id": "r1",
+            "task_name": "t"}, task_config=None, backend="local", start_timeout=10, run_timeout=0, logs="0", delete_after_success=False,
+            workspace_path="", output_model=SimpleNamespace(path=str(tmp_path / "out"), uri="out", metadata={}), metrics=None,
+            report=SimpleNamespace(path=str(tmp_path / "report")), trainjob_path=str(tmp_path / "trainjob"),
+        )  # fmt: skip
+    assert token not in str(excinfo.value) and "credential" in str(excinfo.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset", "model"]  # no job, no output
