@@ -186,3 +186,19 @@ def test_a_literal_token_in_extra_args_is_refused_hidden_before_anything_is_crea
         )  # fmt: skip
     assert token not in str(excinfo.value) and "credential" in str(excinfo.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset", "model"]  # no job, no output
+
+
+def test_the_trainers_logs_become_json_lines_and_progress_from_rank_0_only(capsys):
+    from kfp_trainer.trainers._common import DistEnv
+    from kfp_trainer.trainers.trl_train import _callback
+
+    sent = []
+    reporter = SimpleNamespace(report_step=lambda step, total, metrics: sent.append((step, total, metrics)))
+    state = SimpleNamespace(global_step=5, max_steps=20)
+    logs = {"loss": 0.6931472, "rewards/margins": 0.01, "learning_rate": 5e-3, "note": "text"}
+    _callback(DistEnv(rank=0, world_size=2), reporter).on_log(None, state, None, logs=logs)
+    _callback(DistEnv(rank=1, world_size=2), reporter).on_log(None, state, None, logs=logs)
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [
+        {"step": 5, "loss": 0.693147, "rewards/margins": 0.01, "learning_rate": 0.005}
+    ]
+    assert sent == [(5, 20, {"loss": 0.693147, "learning_rate": 0.005, "rewards/margins": 0.01})]
