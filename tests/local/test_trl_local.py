@@ -67,7 +67,7 @@ def test_sft_then_dpo_with_lora_train_and_save_full_then_merged_models(inputs, t
 def test_a_run_killed_after_a_checkpoint_resumes_from_it_when_run_again(inputs, tmp_path):
     model, data = inputs
     out = tmp_path / "out"
-    args = trl("sft", model, data, out, "--max_steps", "400", "--save_steps", "5", "--learning_rate", "0.003")
+    args = trl("sft", model, data, out, "--max_steps", "100", "--save_steps", "5", "--learning_rate", "0.003")
     # The first try as one plain process (torchrun's workers outlive a killed torchrun): killed like a lost node.
     first = subprocess.Popen([sys.executable, *args[len(TORCHRUN) :]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -80,10 +80,10 @@ def test_a_run_killed_after_a_checkpoint_resumes_from_it_when_run_again(inputs, 
         first.wait()
     assert first.returncode != 0 and not (out / "training_info.json").exists()
     saved = max(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if (p / "trainer_state.json").is_file())
-    lines = run(trl("sft", model, data, out, "--max_steps", "400", "--save_steps", "5", "--learning_rate", "0.003"))
+    lines = run(trl("sft", model, data, out, "--max_steps", "100", "--save_steps", "5", "--learning_rate", "0.003"))
     assert {"resumed_from_step": saved} in lines
     info = json.loads((out / "training_info.json").read_text())
-    assert info["resumed_from_step"] == saved and info["steps"] == 400
+    assert info["resumed_from_step"] == saved and info["steps"] == 100
     assert not list(out.glob("checkpoint-*"))  # gone once the final model is saved
 
 
