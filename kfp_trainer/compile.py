@@ -1,7 +1,7 @@
 """Generate the checked-in YAML and READMEs from the Python definitions (one source of truth).
 
     kfp-trainer compile                 # write components/<name>/{component.yaml,README.md}, components/README.md,
-                                        # pipelines/*/pipeline.yaml
+                                        # deploy/trl-runtime.yaml, pipelines/*/pipeline.yaml
     kfp-trainer compile --check         # exit 1 listing stale or missing files; write nothing
     kfp-trainer compile --base-image IMG --trainer-image IMG2   # images you built (make images REGISTRY=...)
     kfp-trainer compile --storage-class nfs-client              # the pipelines' workspace PVC storage class
@@ -9,7 +9,7 @@
 
 Run from a source checkout it writes into the checkout; an installed package (site-packages)
 has no checkout to write into, so there it needs ``--output-dir`` and writes the components'
-YAML and READMEs only (the sample pipelines live in the repository). Output is
+YAML and READMEs and the TRL runtime only (the sample pipelines live in the repository). Output is
 deterministic: the same sources give byte-identical files.
 """
 
@@ -208,12 +208,14 @@ def generate(
     ``pipelines/``, or ``root``'s when it has them).
     """
     from . import components as comps
+    from .llm import trl_runtime
 
     files: dict[Path, str] = {}
     for name, component in comps.COMPONENTS.items():
         files[root / "components" / name / "component.yaml"] = _compile_to_text(component)
         files[root / "components" / name / "README.md"] = component_readme(name, component)
     files[root / "components" / "README.md"] = components_index(list(comps.COMPONENTS), comps.COMPONENTS)
+    files[root / trl_runtime.DEPLOY_FILE] = trl_runtime.trl_runtime_yaml(comps.TRAINER_IMAGE)
     source = root if (root / "pipelines").is_dir() else REPO
     for folder, module in (_pipeline_modules(source) if pipelines else {}).items():
         text = _compile_to_text(module.pipeline)
@@ -237,8 +239,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "-o", "--output-dir", type=Path, metavar="DIR",
-        help="write components/ (and, from a source checkout, pipelines/) under DIR; the source checkout when unset "
-        "(an installed package has none and needs this flag)",
+        help="write components/, deploy/trl-runtime.yaml (and, from a source checkout, pipelines/) under DIR; "
+        "the source checkout when unset (an installed package has none and needs this flag)",
     )  # fmt: skip
     parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
 

@@ -21,6 +21,8 @@ from typing import Any
 import yaml
 
 from ..errors import ValidationError
+from ..llm.trl_runtime import RUNTIME_NAME as TRL_RUNTIME
+from ..llm.trl_runtime import trl_runtime
 from ..spec import dig
 from .local_torchtune import TORCHTUNE_RUNTIMES
 
@@ -45,6 +47,8 @@ BUILTIN_RUNTIMES: dict[str, dict[str, Any]] = {
         },
     },
     **TORCHTUNE_RUNTIMES,
+    # What deploy/trl-runtime.yaml installs on a cluster (local nodes run the command on this machine).
+    TRL_RUNTIME: trl_runtime("kfp-trainer-trainer"),
 }
 
 

@@ -2,6 +2,7 @@
 
     from kfp_trainer.components import dataset_initializer, model_initializer, train_job, evaluate_model
     from kfp_trainer.components import torchtune_finetune, trainjob_component
+    from kfp_trainer.components import trl_finetune, evaluate_preferences
 
 Each module here imports only the standard library and ``kfp`` at its top level; what a
 component does at run time lives in :mod:`kfp_trainer.steps`. A call with literal arguments
@@ -18,16 +19,20 @@ from .finetune import torchtune_finetune
 from .function import trainjob_component
 from .initializers import dataset_initializer, model_initializer
 from .loading import load_component_from_file, load_component_from_url
+from .preference import evaluate_preferences
 from .train_job import TASK_CONFIG_PASSTHROUGHS, train_job
+from .trl import trl_finetune
 from .workspace import workspace_config
 
 # name -> component, in the order the generated files list them
 COMPONENTS = {
     "train_job": train_job,
     "torchtune_finetune": torchtune_finetune,
+    "trl_finetune": trl_finetune,
     "dataset_initializer": dataset_initializer,
     "model_initializer": model_initializer,
     "evaluate_model": evaluate_model,
+    "evaluate_preferences": evaluate_preferences,
 }
 
 __all__ = [
@@ -39,12 +44,14 @@ __all__ = [
     "TRAINER_IMAGE",
     "dataset_initializer",
     "evaluate_model",
+    "evaluate_preferences",
     "load_component_from_file",
     "load_component_from_url",
     "model_initializer",
     "torchtune_finetune",
     "train_job",
     "trainjob_component",
+    "trl_finetune",
     "with_run_context",
     "workspace_config",
 ]

@@ -14,6 +14,9 @@ What the SFT trainer (:mod:`kfp_trainer.trainers.sft`) and ``evaluate_model``
 * **record shapes** prompt/completion, chat ``messages`` (or ShareGPT ``conversations``),
   Alpaca/Dolly instruction/input/output, question/answer, input/output -- see
   :mod:`kfp_trainer.data.shapes` for the templates;
+* **preference pairs** (``prompt``, ``chosen``, ``rejected``: what DPO trains on) with
+  :func:`load_preference_split`, in the same layouts and formats; :func:`load_split` reads
+  them as the prompt with the chosen answer as its completion;
 * a missing **test split**: the validation split, else a deterministic 5% slice of train
   (at most 1000 records) that training then leaves out, with a log line saying so.
 
@@ -28,8 +31,8 @@ Example:
 """
 
 from .files import DatasetError
-from .load import load_split
+from .load import load_preference_split, load_split
 from .shapes import chat_renderer
 from .splits import discover
 
-__all__ = ["DatasetError", "chat_renderer", "discover", "load_split"]
+__all__ = ["DatasetError", "chat_renderer", "discover", "load_preference_split", "load_split"]

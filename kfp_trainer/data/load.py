@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import DATA_SUFFIXES, DatasetError, columns_of, read_rows
-from .shapes import ACCEPTED, ChatRenderer, detect_shape, to_example
+from .shapes import ACCEPTED, ChatRenderer, detect_shape, to_example, to_pair
 from .splits import GROUPS, Layout, discover, holdout
 
 _LISTED = 20
@@ -101,6 +101,32 @@ def load_split(
         DatasetError: No such dataset or split, an unreadable file, records of no accepted
             shape (the message names files and columns, never a value).
     """
+    return _load(dataset, split, render_chat=render_chat, log=log, preference=False)
+
+
+def load_preference_split(
+    dataset: str | Path,
+    split: str = "train",
+    *,
+    render_chat: ChatRenderer | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, str]]:
+    """Reads one split of a preference dataset as ``{"prompt", "chosen", "rejected"}`` texts (what DPO trains on).
+
+    The same folder layouts, file formats, split fallbacks and held-out slice as
+    :func:`load_split`; every file's records must have ``prompt``, ``chosen`` and ``rejected``
+    columns (text, or chat turns: :func:`~kfp_trainer.data.shapes.to_pair`).
+
+    Raises:
+        DatasetError: No such dataset or split, an unreadable file, or records without the three
+            columns (the message names files and columns, never a value).
+    """
+    return _load(dataset, split, render_chat=render_chat, log=log, preference=True)
+
+
+def _load(
+    dataset: str | Path, split: str, *, render_chat: ChatRenderer | None, log: Callable[[str], None] | None, preference: bool
+) -> list[dict[str, str]]:
     log = log or _stderr
     path = Path(dataset)
     if not path.exists():
@@ -115,6 +141,8 @@ def load_split(
         name = file.relative_to(root) if file.is_relative_to(root) else file.name
         columns = columns_of(records)
         shape = detect_shape(columns)
+        if preference and shape != "preference":
+            raise DatasetError(f"{name}: columns {columns} are not a preference pair; expected prompt, chosen and rejected columns")
         if shape is None:
             raise DatasetError(f"{name}: columns {columns} fit no accepted record shape; accepted: {'; '.join(ACCEPTED)}")
         shapes.add(shape)
@@ -122,8 +150,12 @@ def load_split(
     if mode is not None:
         held = holdout([row for row, _, _ in rows])
         rows = [r for i, r in enumerate(rows) if (i in held) == (mode == "only")]
-    examples = [to_example(row, shape, where, render_chat) for row, shape, where in rows]
+    if preference:
+        examples = [to_pair(row, where, render_chat) for row, _, where in rows]
+    else:
+        examples = [to_example(row, shape, where, render_chat) for row, shape, where in rows]
     if not examples:
         raise DatasetError(f"dataset {path}: split {split!r} has no records (files: {_names(files, root)})")
-    log(f"split {split!r}: {len(examples)} examples ({', '.join(sorted(shapes))}) from {_names(files, root)}")
+    what = "pairs" if preference else "examples"
+    log(f"split {split!r}: {len(examples)} {what} ({', '.join(sorted(shapes))}) from {_names(files, root)}")
     return examples

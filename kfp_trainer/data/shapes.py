@@ -17,6 +17,9 @@ A file's shape is chosen once from its columns, the first that fits, in this ord
   the completion is the output.
 * ``question_answer``: ``question`` and ``answer`` columns: prompt ``"Question: {question}\nAnswer: "``.
 * ``input_output``: ``input`` and ``output`` columns (no instruction), used as they are.
+* ``preference``: ``prompt``, ``chosen`` and ``rejected`` columns (a preference pair, what DPO
+  trains on: :mod:`kfp_trainer.data.preference`); read for supervised fine-tuning it is the
+  prompt with the chosen answer as its completion.
 
 Other columns are ignored. The learned tokens are the completion's, followed by the tokenizer's
 end-of-sequence token. Errors name the row and the column, never a value.
@@ -54,6 +57,7 @@ ACCEPTED = (
     "instruction+output (optional input; or instruction+response, optional context)",
     "question+answer",
     "input+output",
+    "prompt+chosen+rejected (a preference pair; for SFT the chosen answer is the completion)",
 )
 
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
@@ -72,6 +76,8 @@ def detect_shape(columns: list[str] | set[str]) -> str | None:
     cols = set(columns)
     if {"prompt", "completion"} <= cols:
         return "prompt_completion"
+    if {"prompt", "chosen", "rejected"} <= cols:
+        return "preference"
     if cols & {"messages", "conversations"}:
         return "chat"
     if "instruction" in cols and cols & {"output", "response"}:
@@ -199,4 +205,37 @@ def to_example(row: Mapping[str, Any], shape: str, where: str, render: ChatRende
         return {"prompt": QUESTION_PROMPT.format(question=_text(row, "question", where)), "completion": _text(row, "answer", where)}
     if shape == "input_output":
         return {"prompt": _text(row, "input", where), "completion": _text(row, "output", where)}
+    if shape == "preference":
+        pair = to_pair(row, where, render)
+        return {"prompt": pair["prompt"], "completion": pair["chosen"]}
     raise ValueError(f"unknown shape {shape!r}")
+
+
+def _answer(row: Mapping[str, Any], column: str, where: str) -> str:
+    value = row.get(column)
+    if isinstance(value, list):  # conversational: the assistant turns are the answer
+        return "".join(t["content"] for t in _turns(value, where, column) if t["role"] == "assistant")
+    return _text(row, column, where)
+
+
+def to_pair(row: Mapping[str, Any], where: str, render: ChatRenderer | None = None) -> dict[str, str]:
+    r"""A preference record as ``{"prompt": ..., "chosen": ..., "rejected": ...}`` texts.
+
+    The prompt is text, or a list of chat turns rendered like a chat prompt; ``chosen`` and
+    ``rejected`` are text, or lists of turns whose assistant turns are the answer (TRL's
+    conversational preference form).
+
+    Example:
+        >>> to_pair({"prompt": "1+1=", "chosen": "2", "rejected": 3}, "r1")
+        {'prompt': '1+1=', 'chosen': '2', 'rejected': '3'}
+        >>> to_pair({"prompt": [{"role": "user", "content": "Hi"}], "chosen": [{"role": "assistant", "content": "Hello"}],
+        ...          "rejected": "Go away"}, "r2")["prompt"]
+        '<|user|>\nHi\n<|assistant|>\n'
+
+    Raises:
+        DatasetError: A column is missing or of the wrong type (named with the row, never its value).
+    """
+    render = render or render_simple_chat
+    prompt = row.get("prompt")
+    text = render(_turns(prompt, where, "prompt")) if isinstance(prompt, list) else _text(row, "prompt", where)
+    return {"prompt": text, "chosen": _answer(row, "chosen", where), "rejected": _answer(row, "rejected", where)}

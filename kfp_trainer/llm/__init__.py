@@ -1,4 +1,4 @@
-"""The LLM trainer path: torchtune runtimes (BuiltinTrainer), CustomTrainer rendering, checkpoints, progress.
+"""The LLM trainer path: torchtune runtimes (BuiltinTrainer), TRL runtimes, CustomTrainer rendering, checkpoints, progress.
 
 Modules:
     inputs: typed, validated settings (torchtune, LoRA, dataset preprocessing, initializers, CustomTrainer).
@@ -10,5 +10,7 @@ Modules:
     checkpoints: latest complete torchtune checkpoint in an output dir -> resume overrides.
     tune_output: a torchtune output dir's loss log as metric points; checks of extra overrides.
     progress: report progress to the Trainer v2.3 status server (stdlib only).
+    trl_config: TRL settings (KEP-626 TRLConfig names), checked, rendered as the trainer's arguments. Pure.
+    trl_runtime: the kfp-trainer-trl ClusterTrainingRuntime (deploy/trl-runtime.yaml, built in locally).
     tiny_models: offline tiny models/tokenizers/datasets of the torchtune runtimes' architectures.
 """

@@ -8,6 +8,8 @@ call one function here, one module per component:
 * :mod:`.finetune` -- ``torchtune_finetune``: a torchtune runtime's fine-tune, its model, its resume
   (:mod:`.finetune_inputs`: its inputs sorted into settings, sources and TrainJob inputs);
 * :mod:`.checks` -- what the steps check before touching anything, also run when a pipeline is built;
+* :mod:`.trl` -- ``trl_finetune``: TRL's SFT or DPO in a TRL runtime's TrainJob, its model, its resume;
+* :mod:`.preference` -- ``evaluate_preferences``: preference win rate and reward margin, the gate verdict;
 * :mod:`.initializers` -- ``dataset_initializer`` / ``model_initializer``;
 * :mod:`.evaluate` -- ``evaluate_model``: LM metrics and the gate verdict;
 * :mod:`.function` -- ``trainjob_component`` components: a Python function run as the SDK's CustomTrainer;
@@ -40,8 +42,10 @@ from .finetune import run_torchtune_finetune
 from .finetune_inputs import torchtune_finetune_arguments
 from .function import BOOTSTRAP, function_command, run_function_job
 from .initializers import run_initializer
+from .preference import run_preference_eval
 from .sweep import run_select_best
 from .train_job import normalize_values, run_train_job, train_job_inputs
+from .trl import run_trl_finetune
 
 __all__ = [
     "BOOTSTRAP",
@@ -61,6 +65,8 @@ __all__ = [
     "scope_from_uri",
     "run_evaluate",
     "run_initializer",
+    "run_preference_eval",
+    "run_trl_finetune",
     "run_lm_eval",
     "run_classifier_evaluation",
     "run_select_best",

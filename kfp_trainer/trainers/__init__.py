@@ -2,7 +2,9 @@
 
 * :mod:`kfp_trainer.trainers.builtin`: offline ``builtin://`` datasets and models.
 * :mod:`kfp_trainer.trainers.sft`: supervised fine-tuning of a causal LM (DDP).
+* :mod:`kfp_trainer.trainers.trl_train`: SFT or DPO with Hugging Face TRL (LoRA, QLoRA, resume).
 * :mod:`kfp_trainer.trainers.evaluate`: loss, perplexity and exact match.
+* :mod:`kfp_trainer.trainers.preference_eval`: preference win rate and DPO reward margin.
 * :mod:`kfp_trainer.trainers.allreduce`: distributed smoke test.
 * :mod:`kfp_trainer.trainers.checkpointing`: checkpoints in the output dir, and resuming from them.
 

@@ -9,6 +9,9 @@ access, so pipelines can run end to end on a machine without internet:
 * ``builtin://models/tiny-char-lm``: a small randomly initialised Llama-style
   causal LM with a character-level tokenizer, saved as a regular Hugging Face
   model directory.
+* ``builtin://datasets/addition-preference``: the same sums as preference pairs for DPO,
+  ``{"prompt": "12+7=", "chosen": "19", "rejected": "18"}`` (the rejected answer is a
+  near miss: off by one or ten, or a digit of the sum dropped or doubled).
 * ``builtin://datasets/instruct-sums`` and ``builtin://models/tiny-qwen2.5``,
   ``tiny-llama3.2-1b``, ``tiny-llama3.2-3b``: an instruct dataset and tiny models of
   the Trainer's torchtune runtimes' architectures (:mod:`kfp_trainer.llm.tiny_models`).
@@ -84,6 +87,50 @@ def addition_records(
     random.Random(seed).shuffle(pairs)
     records = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a, b in pairs]
     return records[test_size:], records[:test_size]
+
+
+def near_miss(total: int, rng: random.Random) -> str:
+    """A wrong answer close to ``total``: off by one or ten, or a digit dropped or doubled.
+
+    Example:
+        >>> sorted({near_miss(19, random.Random(s)) for s in range(40)})
+        ['1', '119', '18', '199', '20', '29', '9']
+    """
+    text = str(total)
+    candidates = {str(total + d) for d in (-10, -1, 1, 10) if total + d >= 0}
+    if len(text) > 1:
+        candidates |= {text[:i] + text[i + 1 :] for i in range(len(text))}
+    candidates |= {text[: i + 1] + text[i:] for i in range(len(text))}
+    candidates.discard(text)
+    return rng.choice(sorted(candidates))
+
+
+def addition_preference_records(seed: int = ADDITION_SEED) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The addition task's train and test records as preference pairs (the right sum chosen, a near miss rejected).
+
+    Returns:
+        The train and the test pairs (the test sums never appear in train).
+    """
+    rng = random.Random(seed + 1)
+    train, test = addition_records(seed)
+    pair = lambda r: {"prompt": r["prompt"], "chosen": r["completion"], "rejected": near_miss(int(r["completion"]), rng)}  # noqa: E731
+    return [pair(r) for r in train], [pair(r) for r in test]
+
+
+def _write_addition_preference(dest: Path) -> None:
+    train, test = addition_preference_records()
+    _write_jsonl(dest / "train.jsonl", train)
+    _write_jsonl(dest / "test.jsonl", test)
+    info = {
+        "name": "addition-preference",
+        "uri": f"{SCHEME}://datasets/addition-preference",
+        "description": "Two-digit addition as preference pairs: the sum chosen, a near miss rejected; test pairs never in train.",
+        "format": "jsonl",
+        "fields": ["prompt", "chosen", "rejected"],
+        "splits": {"train": len(train), "test": len(test)},
+        "seed": ADDITION_SEED,
+    }
+    (dest / "dataset_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
 def _write_addition(dest: Path) -> None:
@@ -193,6 +240,12 @@ _REGISTRY: dict[tuple[str, str], _Builtin] = {
             "addition",
             "two-digit addition, prompt 'a+b=' and completion 'sum' (train/test JSONL)",
             _write_addition,
+        ),
+        _Builtin(
+            "datasets",
+            "addition-preference",
+            "two-digit addition as preference pairs: prompt 'a+b=', chosen the sum, rejected a near miss (train/test JSONL)",
+            _write_addition_preference,
         ),
         _Builtin(
             "models",

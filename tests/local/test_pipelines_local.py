@@ -245,3 +245,31 @@ def test_llm_finetune_torchtune_runs_the_runtimes_own_tune_command_and_the_held_
     assert {"loss", "learning_rate"} | times <= logged <= allowed, logged
     assert metric_values(outputs, "torchtune-finetune")["loss"] < base["loss"]  # the loss torchtune logged, per step
     assert_report_renders_with_its_plot(Path(artifact(outputs, "torchtune-finetune", "report")["uri"]), tmp_path)
+
+
+@pytest.mark.slow
+def test_llm_preference_runs_sft_then_dpo_with_trl_and_promotes_the_model_that_wins_more_held_out_pairs(tmp_path):
+    outputs = run_pipeline("llm_preference", tmp_path / "run")
+    sft, dpo = metric_values(outputs, "evaluate-preferences"), metric_values(outputs, "evaluate-preferences-2")
+    assert dpo["win_rate"] >= sft["win_rate"] and outputs["evaluate-preferences-2"]["parameterValues"]["Output"] is True
+    assert dpo["reward_margin"] > 0 and dpo["pairs"] == sft["pairs"] == 200 and 0 <= dpo["exact_match"] <= 1
+    trained = {}
+    for task, method in (("trl-finetune", "sft"), ("trl-finetune-2", "dpo")):
+        meta = artifact(outputs, task, "output_model")["metadata"]
+        assert (meta["method"], meta["trainer"], meta["runtime"]) == (method, "trl", "ClusterTrainingRuntime/kfp-trainer-trl")
+        trained[method] = Path(artifact(outputs, task, "output_model")["uri"])
+    assert artifact(outputs, "trl-finetune-2", "output_model")["metadata"]["merged_model"] is True
+    assert (trained["dpo"] / "adapter" / "adapter_config.json").is_file() and (trained["dpo"] / "model.safetensors").is_file()
+    assert "rewards/margins" in metric_values(outputs, "trl-finetune-2")
+    # The TrainJobs the local backend ran: only the TRL arguments, the runtime's own torchrun command.
+    jobs = {json.loads(p.read_text())["spec"]["trainer"]["args"][0]: p for p in (tmp_path / "run" / "trainjobs").glob("*/*/trainjob.json")}
+    assert set(jobs) == {"sft", "dpo"}
+    dpo_job = json.loads(jobs["dpo"].read_text())["spec"]
+    assert dpo_job["runtimeRef"]["name"] == "kfp-trainer-trl" and "command" not in dpo_job["trainer"]
+    assert dpo_job["trainer"]["args"][:4] == ["dpo", "--learning_rate", "0.005", "--per_device_train_batch_size"]
+    assert "trl_train: dpo: 9500 records" in (jobs["dpo"].parent / "logs" / "node-0.log").read_text()  # the runtime's trainer ran
+    approved = artifact(outputs, "promote-model", "approved_model")
+    assert approved["metadata"]["approved"] is True and approved["metadata"]["eval_win_rate"] == dpo["win_rate"]
+    card = Path(artifact(outputs, "promote-model", "card")["uri"]).read_text()
+    assert "| win_rate | " in card and "SFT model | DPO model" in card
+    assert_report_renders_with_its_plot(Path(artifact(outputs, "trl-finetune", "report")["uri"]), tmp_path)

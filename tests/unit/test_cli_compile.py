@@ -56,7 +56,8 @@ def test_an_installed_package_writes_the_components_under_output_dir(site_packag
     assert done.returncode == 0, done.stdout + done.stderr
     assert written(site_packages) == before  # nothing next to the package
     files = written(out)
-    assert files == sorted(["components/README.md", *(f"components/{n}/{f}" for n in COMPONENTS for f in ("README.md", "component.yaml"))])
+    expected = ["components/README.md", "deploy/trl-runtime.yaml"]  # the TRL runtime for the images compiled for
+    assert files == sorted([*expected, *(f"components/{n}/{f}" for n in COMPONENTS for f in ("README.md", "component.yaml"))])
     assert "image: registry.example.com/team/kfp-trainer:1" in (out / "components" / "train_job" / "component.yaml").read_text()
     check = ["--output-dir", "build", "--base-image", "registry.example.com/team/kfp-trainer:1", "--check"]
     assert installed_cli(site_packages, tmp_path, *check).returncode == 0

@@ -1,0 +1,173 @@
+# ruff: noqa: UP045, D417 - KFP reads Optional[...] (not X | None) and takes output descriptions from Returns.
+"""The ``trl_finetune`` component: supervised fine-tuning or DPO with Hugging Face TRL in a TrainJob.
+
+Only the standard library and ``kfp`` are imported here; the work is done by
+:func:`kfp_trainer.steps.trl.run_trl_finetune` inside the component's container.
+"""
+
+from typing import Optional
+
+from kfp import dsl
+from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output, OutputPath
+
+from ._image import BASE_IMAGE
+from .context import with_run_context
+from .train_job import TASK_CONFIG_PASSTHROUGHS
+
+
+@dsl.component(base_image=BASE_IMAGE, install_kfp_package=False, task_config_passthroughs=TASK_CONFIG_PASSTHROUGHS)
+def trl_finetune(
+    output_model: Output[Model],
+    metrics: Output[Metrics],
+    report: Output[HTML],
+    trainjob: OutputPath(str),
+    method: str = "sft",
+    model: Input[Model] = None,
+    dataset: Input[Dataset] = None,
+    model_uri: str = "",
+    dataset_uri: str = "",
+    runtime: str = "kfp-trainer-trl",
+    runtime_kind: str = "ClusterTrainingRuntime",
+    learning_rate: float = 0.0,
+    per_device_train_batch_size: int = 0,
+    num_train_epochs: float = 0.0,
+    max_steps: int = 0,
+    bf16: Optional[bool] = None,
+    use_peft: bool = False,
+    lora_r: int = 0,
+    lora_alpha: int = 0,
+    lora_dropout: Optional[float] = None,
+    lora_target_modules: Optional[list] = None,
+    load_in_4bit: bool = False,
+    merge_adapter: bool = True,
+    beta: float = 0.0,
+    max_length: int = 0,
+    save_steps: int = 0,
+    logging_steps: int = 0,
+    seed: int = -1,
+    extra_args: Optional[list] = None,
+    num_nodes: int = 0,
+    num_proc_per_node: Optional[str] = None,
+    resources_per_node: Optional[dict] = None,
+    name: Optional[str] = None,
+    name_prefix: Optional[str] = None,
+    namespace: Optional[str] = None,
+    run_id: str = dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+    task_name: str = dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+    task_id: str = dsl.PIPELINE_TASK_ID_PLACEHOLDER,
+    pipeline_name: str = dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+    labels: Optional[dict] = None,
+    pod_labels: Optional[dict] = None,
+    pod_annotations: Optional[dict] = None,
+    node_selector: Optional[dict] = None,
+    tolerations: Optional[list] = None,
+    service_account: Optional[str] = None,
+    active_deadline_seconds: int = 0,
+    queue_name: Optional[str] = None,
+    backend: str = "auto",
+    workspace_path: str = "",
+    start_timeout: float = 3600.0,
+    run_timeout: float = 0.0,
+    logs: str = "0",
+    task_config: dsl.TaskConfig = None,
+):
+    """Fine-tunes an LLM with Hugging Face TRL (SFTTrainer or DPOTrainer) in a TrainJob and hands on the model.
+
+    The TrainJob runs on a runtime labelled trainer.kubeflow.org/framework: trl, by default
+    kfp-trainer-trl (deploy/trl-runtime.yaml: the project's trainer image running
+    torchrun -m kfp_trainer.trainers.trl_train); it carries only the trainer's arguments, the
+    settings below under the names of the kubeflow SDK's proposed TRLConfig (KEP-626), TRL's
+    own for the rest. The model and dataset come as artifacts (model_initializer and
+    dataset_initializer outputs, or an earlier step's model: DPO after SFT) or as URIs this
+    step fetches (credentials from the task's env: kfp.kubernetes.use_secret_as_env). SFT reads
+    prompt/completion, chat, instruction, question/answer or input/output records (or
+    preference pairs, learning the chosen answer); DPO reads prompt/chosen/rejected pairs; as
+    .jsonl, .json, .csv, .parquet or save_to_disk files. The trainer checkpoints into its
+    output folder on the pipeline workspace, so a retried step (task.set_retry) resumes from
+    the last checkpoint. Unset settings (0, empty) keep TRL's defaults. Disable caching on
+    this task. Needs KFP 2.15+ and a pipeline workspace on a cluster.
+
+    Args:
+        method: sft (supervised fine-tuning) or dpo (direct preference optimization).
+        model: Model to start from (a Hugging Face model folder).
+        dataset: Dataset folder (the shapes above).
+        model_uri: Model to fetch when no model artifact is given: hf://, s3://, file:// (locally also builtin://).
+        dataset_uri: Dataset to fetch when no dataset artifact is given.
+        runtime: Name of the TRL ClusterTrainingRuntime or TrainingRuntime.
+        runtime_kind: ClusterTrainingRuntime or TrainingRuntime (in the job's namespace).
+        learning_rate: Peak learning rate; 0 means TRL's default.
+        per_device_train_batch_size: Batch size per process; 0 means TRL's default.
+        num_train_epochs: Epochs; 0 means TRL's default.
+        max_steps: Optimizer steps (overrides num_train_epochs); 0 means by epochs.
+        bf16: Train in bfloat16 (needs a GPU); unset means off on CPU.
+        use_peft: Train a LoRA adapter instead of all weights.
+        lora_r: LoRA rank; 0 means TRL's default.
+        lora_alpha: LoRA alpha; 0 means TRL's default.
+        lora_dropout: LoRA dropout.
+        lora_target_modules: Modules with LoRA, e.g. ["q_proj", "v_proj"] or ["all-linear"].
+        load_in_4bit: QLoRA: LoRA on a 4-bit quantized base (needs CUDA and bitsandbytes on the nodes).
+        merge_adapter: LoRA: save the merged model at the top and the adapter in adapter/ (else the adapter alone).
+        beta: DPO beta (how far from the reference model); 0 means TRL's default.
+        max_length: Maximum tokens per example (prompt and answer); 0 means TRL's default.
+        save_steps: Steps between checkpoints (a retry resumes from the last); 0 means 50.
+        logging_steps: Steps between log lines; 0 means 10.
+        seed: Seed; -1 means TRL's default.
+        extra_args: More TRL flags, e.g. ["--warmup_steps", "10"] (not the model, dataset or output folders).
+        num_nodes: Number of trainer nodes; 0 means the runtime's default.
+        num_proc_per_node: Processes per node (an integer, or auto); the runtime's when unset.
+        resources_per_node: Resources per node, e.g. {"gpu": 1, "cpu": 8, "memory": "32Gi"}.
+        name: Explicit TrainJob name; derived from the run, task and inputs when unset.
+        name_prefix: Prefix of the derived name.
+        namespace: Namespace of the TrainJob; the pipeline's namespace when unset.
+        run_id: KFP run id (filled in on each task).
+        task_name: KFP task name (filled in on each task).
+        task_id: KFP task execution scope (filled in on each task).
+        pipeline_name: KFP pipeline run name, for lineage labels.
+        labels: Labels of the TrainJob and its JobSet.
+        pod_labels: Labels of the trainer pods.
+        pod_annotations: Annotations of the trainer pods.
+        node_selector: Node selector of the trainer pods.
+        tolerations: Tolerations of the trainer pods.
+        service_account: Service account of the trainer pods.
+        active_deadline_seconds: Server-side limit on the job's run time in seconds; 0 means none.
+        queue_name: Kueue LocalQueue to submit to.
+        backend: Where to run: auto (the cluster; local under kfp-trainer run --local), kubernetes or local.
+        workspace_path: The pipeline workspace (filled in when the pipeline has one).
+        start_timeout: Seconds the job may take to start; 0 means no limit.
+        run_timeout: Seconds the trainer may run once started; 0 means no limit.
+        logs: Trainer node whose log is streamed (0, 1, ...), all, or none.
+        task_config: Filled by KFP from the task's settings; do not set.
+
+    Returns:
+        output_model: The trained model, with metadata: base model, method, weights (full or adapter), format, TrainJob, runtime, settings.
+        metrics: Final and best values of what the trainer logged (loss; DPO's rewards/margins), seconds queued, starting, running.
+        report: HTML report: loss curves, the TRL settings, a resume if there was one, timeline, replicated jobs.
+        trainjob: The TrainJob as namespace/name.
+    """
+    from kfp_trainer import steps
+
+    settings = {
+        "learning_rate": learning_rate, "per_device_train_batch_size": per_device_train_batch_size,
+        "num_train_epochs": num_train_epochs, "max_steps": max_steps, "bf16": bf16, "use_peft": use_peft or None,
+        "lora_r": lora_r, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout, "lora_target_modules": lora_target_modules,
+        "load_in_4bit": load_in_4bit or None, "beta": beta, "max_length": max_length, "save_steps": save_steps,
+        "logging_steps": logging_steps, "seed": seed,
+    }
+    inputs = {
+        "runtime": runtime, "runtime_kind": runtime_kind, "num_nodes": num_nodes or None, "num_proc_per_node": num_proc_per_node,
+        "resources_per_node": resources_per_node, "name": name, "name_prefix": name_prefix, "namespace": namespace,
+        "run_id": run_id, "task_name": task_name, "task_id": task_id, "pipeline_name": pipeline_name, "labels": labels,
+        "pod_labels": pod_labels, "pod_annotations": pod_annotations, "node_selector": node_selector, "tolerations": tolerations,
+        "service_account": service_account, "active_deadline_seconds": active_deadline_seconds or None, "queue_name": queue_name,
+    }
+    steps.exit_on_error(
+        lambda: steps.run_trl_finetune(
+            method=method, settings=settings, extra_args=extra_args, merge_adapter=merge_adapter, dataset_uri=dataset_uri,
+            model_uri=model_uri, dataset=dataset, model=model, inputs=inputs, task_config=task_config, backend=backend,
+            start_timeout=start_timeout, run_timeout=run_timeout, logs=logs, delete_after_success=False,
+            workspace_path=workspace_path, output_model=output_model, metrics=metrics, report=report, trainjob_path=trainjob,
+        )
+    )
+
+
+trl_finetune = with_run_context(trl_finetune)
