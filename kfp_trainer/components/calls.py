@@ -93,6 +93,8 @@ def kind_of(component: Any) -> str | None:
         return "function"
     if {"method", "lora_rank", "runtime", "task_config"} <= inputs:
         return "torchtune_finetune"
+    if {"method", "lora_r", "beta", "runtime", "task_config"} <= inputs:
+        return "trl_finetune"
     if {"command", "args", "runtime", "task_config"} <= inputs:
         return "train_job"
     if "uri" in inputs and outputs in ({"dataset"}, {"model"}):
@@ -124,6 +126,7 @@ def check_literals(component: Any, kwargs: dict[str, Any]) -> None:
     check: Callable[[dict[str, Any]], None] = {
         "train_job": checks.check_train_job,
         "torchtune_finetune": checks.check_torchtune_finetune,
+        "trl_finetune": checks.check_trl_finetune,
         "function": lambda v: checks.check_function(v, getattr(component, FUNCTION_ATTRIBUTE, None)),
         "initializer": checks.check_initializer,
     }[kind]

@@ -84,8 +84,8 @@ def trl_finetune(
     preference pairs, learning the chosen answer); DPO reads prompt/chosen/rejected pairs; as
     .jsonl, .json, .csv, .parquet or save_to_disk files. The trainer checkpoints into its
     output folder on the pipeline workspace, so a retried step (task.set_retry) resumes from
-    the last checkpoint. Unset settings (0, empty) keep TRL's defaults. Disable caching on
-    this task. Needs KFP 2.15+ and a pipeline workspace on a cluster.
+    the last checkpoint. Unset settings (0, empty) keep TRL's defaults. Caching is off on
+    this task unless set_caching_options(True). Needs KFP 2.15+ and a pipeline workspace on a cluster.
 
     Args:
         method: sft (supervised fine-tuning) or dpo (direct preference optimization).
@@ -144,26 +144,13 @@ def trl_finetune(
         report: HTML report: loss curves, the TRL settings, a resume if there was one, timeline, replicated jobs.
         trainjob: The TrainJob as namespace/name.
     """
+    values = dict(locals())  # the inputs, sorted by the step into TRL settings and TrainJob inputs
     from kfp_trainer import steps
 
-    settings = {
-        "learning_rate": learning_rate, "per_device_train_batch_size": per_device_train_batch_size,
-        "num_train_epochs": num_train_epochs, "max_steps": max_steps, "bf16": bf16, "use_peft": use_peft or None,
-        "lora_r": lora_r, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout, "lora_target_modules": lora_target_modules,
-        "load_in_4bit": load_in_4bit or None, "beta": beta, "max_length": max_length, "save_steps": save_steps,
-        "logging_steps": logging_steps, "seed": seed,
-    }
-    inputs = {
-        "runtime": runtime, "runtime_kind": runtime_kind, "num_nodes": num_nodes or None, "num_proc_per_node": num_proc_per_node,
-        "resources_per_node": resources_per_node, "name": name, "name_prefix": name_prefix, "namespace": namespace,
-        "run_id": run_id, "task_name": task_name, "task_id": task_id, "pipeline_name": pipeline_name, "labels": labels,
-        "pod_labels": pod_labels, "pod_annotations": pod_annotations, "node_selector": node_selector, "tolerations": tolerations,
-        "service_account": service_account, "active_deadline_seconds": active_deadline_seconds or None, "queue_name": queue_name,
-    }
+    args = steps.trl_arguments(values)
     steps.exit_on_error(
         lambda: steps.run_trl_finetune(
-            method=method, settings=settings, extra_args=extra_args, merge_adapter=merge_adapter, dataset_uri=dataset_uri,
-            model_uri=model_uri, dataset=dataset, model=model, inputs=inputs, task_config=task_config, backend=backend,
+            **args, dataset=dataset, model=model, task_config=task_config, backend=backend,
             start_timeout=start_timeout, run_timeout=run_timeout, logs=logs, delete_after_success=False,
             workspace_path=workspace_path, output_model=output_model, metrics=metrics, report=report, trainjob_path=trainjob,
         )

@@ -45,7 +45,7 @@ from .initializers import run_initializer
 from .preference import run_preference_eval
 from .sweep import run_select_best
 from .train_job import normalize_values, run_train_job, train_job_inputs
-from .trl import run_trl_finetune
+from .trl import run_trl_finetune, trl_arguments
 
 __all__ = [
     "BOOTSTRAP",
@@ -67,6 +67,7 @@ __all__ = [
     "run_initializer",
     "run_preference_eval",
     "run_trl_finetune",
+    "trl_arguments",
     "run_lm_eval",
     "run_classifier_evaluation",
     "run_select_best",

@@ -102,6 +102,20 @@ def check_torchtune_finetune(values: Mapping[str, Any]) -> None:
     _raise(launch_option_errors(values, _TORCHTUNE_LAUNCH) + torchtune_errors(args, local=_local(values)))
 
 
+def check_trl_finetune(values: Mapping[str, Any]) -> None:
+    """The ``trl_finetune`` component's inputs, as :func:`~kfp_trainer.steps.run_trl_finetune` checks them."""
+    from ..llm.trl_config import trl_settings
+    from .trl import trl_arguments
+
+    args = trl_arguments(dict(values))
+    errors = errors_of(lambda: trl_settings(method=args["method"], extra_args=args["extra_args"], **args["settings"]))
+    for uri in ("dataset_uri", "model_uri"):  # fetched by the step: no credentials in them
+        if isinstance(args[uri], str) and find_secret(args[uri]):
+            errors.append(ValidationError(uri, args[uri], "a URI without credentials: give the step HF_TOKEN or "
+                                          "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY from a Secret (kfp.kubernetes.use_secret_as_env)"))
+    _raise(errors + launch_option_errors(values, _TORCHTUNE_LAUNCH) + trainjob_errors(args["inputs"], local=_local(values)))
+
+
 def torchtune_errors(args: Mapping[str, Any], *, local: bool) -> list[ValidationError]:
     """Problems of a fine-tune's settings, sources and TrainJob inputs, before its runtime is known.
 

@@ -115,6 +115,44 @@ def _fetched(kind: str, uri: str, where: Path) -> Any:
     return SimpleNamespace(path=str(where), uri=str(where), metadata={"source_uri": info.get("source_uri", redact(uri))})
 
 
+_SETTINGS = (
+    "learning_rate", "per_device_train_batch_size", "num_train_epochs", "max_steps", "bf16", "use_peft", "lora_r",
+    "lora_alpha", "lora_dropout", "lora_target_modules", "load_in_4bit", "beta", "max_length", "save_steps",
+    "logging_steps", "seed",
+)  # fmt: skip
+_JOB_INPUTS = (
+    "runtime", "runtime_kind", "num_nodes", "num_proc_per_node", "resources_per_node", "name", "name_prefix", "namespace",
+    "run_id", "task_name", "task_id", "pipeline_name", "labels", "pod_labels", "pod_annotations", "node_selector",
+    "tolerations", "service_account", "active_deadline_seconds", "queue_name",
+)  # fmt: skip
+
+
+def trl_arguments(values: dict[str, Any]) -> dict[str, Any]:
+    """The ``trl_finetune`` component's inputs sorted into :func:`run_trl_finetune`'s arguments.
+
+    ``values`` are the component's inputs by name; 0 / False for an unset setting or TrainJob
+    input become ``None`` (TRL's or the runtime's default). Used by the component and by the
+    check run when a pipeline is built, so both read the inputs the same way.
+
+    Example:
+        >>> trl_arguments({"method": "dpo", "beta": 0.1, "use_peft": False, "num_nodes": 0})["settings"]
+        {'use_peft': None, 'beta': 0.1}
+    """
+    settings = {k: values[k] for k in _SETTINGS if k in values}
+    for flag in ("use_peft", "load_in_4bit"):
+        if flag in settings:
+            settings[flag] = settings[flag] or None
+    inputs = {k: values[k] for k in _JOB_INPUTS if k in values}
+    for name in ("num_nodes", "active_deadline_seconds"):
+        if name in inputs:
+            inputs[name] = inputs[name] or None
+    return {
+        "method": values.get("method", "sft"), "settings": settings, "extra_args": values.get("extra_args"),
+        "merge_adapter": values.get("merge_adapter", True), "dataset_uri": values.get("dataset_uri") or "",
+        "model_uri": values.get("model_uri") or "", "inputs": inputs,
+    }  # fmt: skip
+
+
 def run_trl_finetune(
     *,
     method: str,

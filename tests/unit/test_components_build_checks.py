@@ -293,3 +293,36 @@ def test_a_launcher_in_a_nested_pipeline_gets_the_outer_pipelines_workspace(tmp_
     compiler.Compiler().compile(inner, str(tmp_path / "inner.yaml"))
     alone, _ = documents((tmp_path / "inner.yaml").read_text())
     assert "workspace_path" not in alone["root"]["dag"]["tasks"]["train-job"]["inputs"]["parameters"]
+
+
+def _trl_pipeline(**kw):
+    from kfp_trainer.components import trl_finetune
+
+    kw = {"model_uri": "builtin://models/tiny-char-lm", "dataset_uri": "builtin://datasets/addition", **kw}
+
+    @dsl.pipeline
+    def p():
+        trl_finetune(**kw)
+
+    return p
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [({"method": "grpo2"}, "method"), ({"num_nodes": -2}, "num_nodes"), ({"lora_alpha": 16}, "lora_alpha"),
+     ({"resources_per_node": {"gpu": 0.5}}, "resources_per_node")],
+)  # fmt: skip
+def test_trl_finetune_literals_are_checked_when_the_pipeline_is_built(kw, field):
+    with pytest.raises(InvalidSpecErrors) as e:
+        _trl_pipeline(**kw)
+    assert any(err.field.startswith(field) for err in e.value.errors), e.value
+
+
+def test_trl_finetune_refuses_a_uri_with_credentials_at_the_call_without_showing_it():
+    with pytest.raises(InvalidSpecErrors) as e:
+        _trl_pipeline(model_uri="s3://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY@bucket/m")
+    assert "wJalr" not in str(e.value) and "AKIAIOSFODNN7EXAMPLE" not in str(e.value)
+
+
+def test_trl_finetune_accepts_good_literals():
+    _trl_pipeline(method="dpo", beta=0.1, use_peft=True, lora_alpha=16, lora_r=4)
