@@ -241,9 +241,13 @@ class TestCluster(ClusterBase):
 
     # ------------------------------------------------------------------ misc
     def component_logs(self) -> dict[str, Path]:
-        """Every component's log file (kwokctl's, the controllers', the front's, pod scripting's)."""
+        """Every component's log file (kwokctl's, the controllers', the front's, pod scripting's;
+        the real node's kubelet, containerd and CoreDNS while this cluster owns it)."""
         d = self.cluster_dir / "logs"
-        return {p.stem: p for p in d.glob("*.log")} if d.is_dir() else {}
+        logs = {p.stem: p for p in d.glob("*.log")} if d.is_dir() else {}
+        if (realnode.owner_of() or {}).get("cluster") == self.name:
+            logs.update({p.stem: p for p in (realnode.base_dir() / "logs").glob("*.log")})
+        return logs
 
     def describe(self) -> dict[str, Any]:
         return {

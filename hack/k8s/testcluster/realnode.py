@@ -147,6 +147,8 @@ class RealNode:
             if stale is not None:
                 self._log(f"cleaning up the real node left by cluster {stale.get('cluster')}")
                 self._teardown(stale.get("before"))
+            for old in self.logs_dir.glob("*.log"):
+                old.unlink()
             before = hostguard.snapshot()
             self.owner_file.write_text(
                 json.dumps({"cluster": self.cluster_name, "pid": os.getpid(), "started": time.time(), "before": before})
