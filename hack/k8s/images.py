@@ -4,6 +4,7 @@
     python hack/k8s/images.py import --address /run/containerd/containerd.sock [component|trainer|all]
     python hack/k8s/images.py save component image.tar      # the OCI image-layout tar
     python hack/k8s/images.py run component -- python -c 'import kfp_trainer'
+    python hack/k8s/images.py prune          # drop the layers the current images do not use
 
 The Dockerfiles the release builds are executed instruction by instruction (see
 hack/k8s/imagebuild): ``FROM python:3.11-slim`` is a Debian bookworm root file system made
@@ -50,6 +51,7 @@ class Result:
     seconds: float
     made: tuple[str, ...]
     reused: int
+    build_keys: frozenset[str] = frozenset()  # the layers of the stages the image copies from
 
 
 def names(which: str) -> list[str]:
@@ -83,7 +85,7 @@ def build(name: str, build_args: dict[str, str] | None = None, store: layers.Sto
               BUILD_ARGS_LABEL: json.dumps(build_args, sort_keys=True)}
     image = oci.make_image(repository, built.layers, env=stage.env, user=stage.user, workdir=stage.workdir,
                            cmd=stage.cmd, entrypoint=stage.entrypoint, labels=labels)
-    return Result(image, time.monotonic() - started, tuple(built.made), built.reused)
+    return Result(image, time.monotonic() - started, tuple(built.made), built.reused, frozenset(built.all_keys))
 
 
 def dockerfile_digest(dockerfile: str) -> str:
@@ -127,6 +129,24 @@ def run_in(img: oci.Image, argv: list[str], user: str | None = None, timeout: fl
     return subprocess.CompletedProcess(argv, code, output, "")
 
 
+def prune(log=print) -> int:
+    """Removes the cached layers that neither current image uses (older sources, changed recipes); returns how many."""
+    store = layers.Store()
+    keep = set()
+    for name in IMAGES:
+        built = build(name, store=store, log=lambda _msg: None)
+        keep.update(layer.key for layer in built.image.layers)
+        keep.update(built.build_keys)
+    removed = 0
+    with _locked(store):
+        for path in sorted(store.layers.iterdir()) if store.layers.exists() else []:
+            if path.name not in keep:
+                layers.remove_tree(path)
+                removed += 1
+    log(f"removed {removed} layers, kept {len(keep)}")
+    return removed
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module's docstring)."""
     parser = argparse.ArgumentParser(prog="images.py", description=__doc__.split("\n\n")[0])
@@ -144,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("which")
     p_run.add_argument("argv", nargs="+")
     p_run.add_argument("--user")
+    sub.add_parser("prune", help="remove the cached layers the current images do not use")
     args = parser.parse_args(argv)
     if args.command == "build":
         build_args = dict(a.split("=", 1) for a in args.build_arg if "=" in a)
@@ -158,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             img, imported = import_into(name, args.address)
             print(f"{img.ref}  {'imported' if imported else 'already there'}  {time.monotonic() - started:.1f} s", flush=True)
+    elif args.command == "prune":
+        prune()
     elif args.command == "save":
         img = image(names(args.which)[0])
         with open(args.path, "wb") as out:

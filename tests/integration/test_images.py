@@ -116,11 +116,12 @@ def test_layers_are_cached_like_docker_and_a_changed_source_rebuilds_only_from_i
     assert "etc/.wh.hostname" in tar_names(first.layers[1].path)
     assert (first.layers[3].path / "opt" / "app" / "both").read_text().startswith("first")
     assert not (first.layers[1].path / "etc" / "resolv.conf").exists()  # the build's DNS stays out of layers
-    (ctx / "data.txt").write_text("second\n")
+    second = f"second {time.time()}\n"
+    (ctx / "data.txt").write_text(second)
     changed = build.Builder(ctx, store, log=lambda _: None).build(ctx / "Dockerfile")
     assert changed.layers[1].key == first.layers[1].key  # before the COPY: from the cache
     assert len(changed.made) == 3 and changed.reused == 1
-    assert (changed.layers[3].path / "opt" / "app" / "both").read_text() == "second\nbase\n"
+    assert (changed.layers[3].path / "opt" / "app" / "both").read_text() == second + "base\n"
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +157,8 @@ def test_the_component_image_runs_the_components_as_uid_1000_without_torch(compo
 
 
 def test_the_trainer_image_imports_torch_and_the_trainers_as_uid_1000(trainer):
-    script = "import os, torch, transformers, sklearn, kfp_trainer.trainers.sft, kfp_trainer.trainers.digits; print(os.getuid(), torch.__version__)"
+    script = ("import os, torch, transformers, sklearn, kfp_trainer.trainers.sft, kfp_trainer.trainers.digits; "
+              "print(os.getuid(), torch.__version__)")
     done = images.run_in(trainer.image, ["python", "-c", script])
     assert done.returncode == 0, done.stdout
     uid, version = done.stdout.split()

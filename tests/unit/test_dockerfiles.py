@@ -100,7 +100,8 @@ def test_component_image_recipe_installs_the_wheel_in_a_clean_virtualenv_without
     shutil.copytree(REPO / "kfp_trainer", src / "kfp_trainer", ignore=shutil.ignore_patterns("__pycache__"))
     for c in build:
         if c.cmd.upper() == "RUN":
-            subprocess.run(c.value[0].replace("/wheels", str(wheels)), shell=True, cwd=src, env=env, check=True, capture_output=True, timeout=600)
+            command = c.value[0].replace("/wheels", str(wheels))
+            subprocess.run(command, shell=True, cwd=src, env=env, check=True, capture_output=True, timeout=600)
     (wheel,) = wheels.glob("kfp_trainer-*.whl")
     assert "kfp>=2.17.3,<2.18" in (src / "requirements.txt").read_text().splitlines()
     ran = []

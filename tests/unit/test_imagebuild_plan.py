@@ -112,7 +112,7 @@ def test_entrypoint_clears_an_inherited_cmd():
     [
         ("FROM python:3.11-slim\nADD x /x\n", r"Dockerfile.test:2: ADD is not implemented by this build \(supported: FROM, ARG"),
         ("FROM python:3.11-slim\nEXPOSE 80\n", "EXPOSE is not implemented"),
-        ("FROM python:3.11-slim\nCOPY --chmod=755 a /a\n", r"COPY --chmod=755: not implemented by this build \(supported: --from, --chown\)"),
+        ("FROM python:3.11-slim\nCOPY --chmod=755 a /a\n", r"--chmod=755: not implemented by this build \(supported: --from, --chown\)"),
         ("FROM python:3.11-slim\nRUN --mount=type=cache,target=/x true\n", "flags are not implemented for RUN"),
         ("FROM python:3.11-slim\nCOPY --from=nope /a /a\n", "COPY --from=nope: no earlier stage"),
         ("FROM python:3.11-slim\nCOPY ../secret /a\n", "outside the build context"),

@@ -31,6 +31,7 @@ class Built:
     stage: plan.Stage
     made: list[str] = field(default_factory=list)
     reused: int = 0
+    all_keys: set[str] = field(default_factory=set)
 
 
 def key_of(parent: str, *parts) -> str:
@@ -59,6 +60,7 @@ class Builder:
         last = built[stages[-1].index]
         last.made = [m for b in built.values() for m in b.made]
         last.reused = sum(b.reused for b in built.values())
+        last.all_keys = {layer.key for b in built.values() for layer in b.layers}
         return last
 
     def _stage(self, stage: plan.Stage, built: dict[int, Built]) -> Built:

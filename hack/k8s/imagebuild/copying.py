@@ -203,6 +203,6 @@ def _copy_tree(fs: Path, tree, source: str, to: str, owner: tuple[int, int]) -> 
         os.chown(out, *owner, follow_symlinks=False)
         if not stat.S_ISLNK(st.st_mode):
             os.chmod(out, stat.S_IMODE(st.st_mode))
-    for rel, path, st in walk(tree, source):  # times last: writing children changes a directory's
+    for rel, _path, st in walk(tree, source):  # times last: writing children changes a directory's
         out = fs / (to.strip("/") + rel[len(source):])
         os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)

@@ -173,7 +173,7 @@ def _pairs(c, at: str, scope: dict) -> dict[str, str]:
     values = list(c.value)
     if len(values) % 2:
         raise PlanError(f"{at}: {c.cmd.upper()} needs key=value pairs, got {c.original!r}")
-    return {expand(k, scope, at): expand(v, scope, at) for k, v in zip(values[::2], values[1::2])}
+    return {expand(k, scope, at): expand(v, scope, at) for k, v in zip(values[::2], values[1::2], strict=True)}
 
 
 def _copy(c, at: str, scope: dict, stage: Stage, stages: list[Stage]) -> Copy:
