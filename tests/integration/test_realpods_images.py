@@ -78,32 +78,22 @@ def executor_input(params: dict, outputs: list[str], parameters: list[str], root
     })
 
 
-def test_the_train_job_step_runs_in_a_component_image_pod_and_its_trainjob_runs_the_trainer_image(
-    cluster, api_client, namespace, real_node, image_refs, launcher_account
-):
-    core = client.CoreV1Api(api_client)
+def run_step_pod(cluster, core, namespace: str, name: str, image: str, container: dict, params: dict, account: str,
+                 timeout: float = 420) -> str:
+    """Runs a compiled step (``container``: command and args) in a pod of ``image`` on the real node, as KFP
+    would: the executor input in its args, the service account's token, in-cluster configuration. Its log."""
     server = urlparse(cluster.api_client().configuration.host)
-    placement = realnode.pod_spec_for_real_node()
-    script = "import os, torch, kfp_trainer.trainers.sft; print('trainer ran', os.getuid(), torch.__version__.split('+')[0])"
-    run_id = str(uuid.uuid4())
-    params = {
-        "namespace": namespace, "backend": "kubernetes", "image": image_refs["trainer"], "num_nodes": 1,
-        "command": ["python", "-c", script], "node_selector": placement["nodeSelector"], "tolerations": placement["tolerations"],
-        "run_id": run_id, "task_name": "train-job", "task_id": "1", "pipeline_name": "real-pods", "start_timeout": 300.0,
-        "delete_after_success": True,
-    }
-    container = component_container("train_job")
-    args = [a.replace("{{$}}", executor_input(params, ["output_model", "metrics", "report"], ["trainjob"])) for a in container["args"]]
+    outputs = ["output_model", "metrics", "report"]
+    args = [a.replace("{{$}}", executor_input(params, outputs, ["trainjob"])) for a in container["args"]]
     pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train-job-step"},
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": on_real_node({
-            "restartPolicy": "Never", "serviceAccountName": launcher_account, "terminationGracePeriodSeconds": 5,
+            "restartPolicy": "Never", "serviceAccountName": account, "terminationGracePeriodSeconds": 5,
             # the API server listens on the machine's loopback (no Service network here): the pod shares the host's
             "hostNetwork": True,
             "securityContext": {"runAsNonRoot": True},
             "containers": [{
-                "name": "main", "image": image_refs["component"], "imagePullPolicy": "Never",
-                "command": container["command"], "args": args,
+                "name": "main", "image": image, "imagePullPolicy": "Never", "command": container["command"], "args": args,
                 "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": server.hostname},
                         {"name": "KUBERNETES_SERVICE_PORT", "value": str(server.port)},
                         {"name": "KFP_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
@@ -111,17 +101,83 @@ def test_the_train_job_step_runs_in_a_component_image_pod_and_its_trainjob_runs_
         }),
     }
     core.create_namespaced_pod(namespace, pod)
-    done = wait_phase(core, namespace, "train-job-step", timeout=420)
-    log = core.read_namespaced_pod_log("train-job-step", namespace)
+    try:
+        done = wait_phase(core, namespace, name, timeout=timeout)
+    finally:
+        log = core.read_namespaced_pod_log(name, namespace)
+        print(log[-3000:])
     assert done.spec.node_name == realnode.NODE_NAME
-    assert "trainer ran 1000 2." in log, log[-3000:]
-    # the step's TrainJob ran its trainer pod on the real node, with the trainer image
+    return log
+
+
+def step_params(namespace: str, image: str, **extra) -> dict:
+    """The train_job inputs KFP's driver would resolve, with the trainer nodes placed on the real node."""
+    placement = realnode.pod_spec_for_real_node()
+    return {
+        "namespace": namespace, "backend": "kubernetes", "image": image, "node_selector": placement["nodeSelector"],
+        "tolerations": placement["tolerations"], "run_id": str(uuid.uuid4()), "task_name": "train-job", "task_id": "1",
+        "pipeline_name": "real-pods", "start_timeout": 300.0, "delete_after_success": True, **extra,
+    }
+
+
+def trainer_pod_events(core, namespace: str, image: str) -> list[str]:
+    """The trainer pods that started from ``image`` (the kubelet's events)."""
     events = core.list_namespaced_event(namespace).items
-    pulled = [e for e in events if e.reason in ("Pulled", "Started") and e.involved_object.kind == "Pod"
-              and e.involved_object.name != "train-job-step"]
-    assert pulled, [f"{e.reason} {e.involved_object.name}: {e.message}" for e in events]
-    assert any(image_refs["trainer"] in (e.message or "") for e in events if e.reason == "Pulled"), \
-        [e.message for e in events if e.reason == "Pulled"]
+    return sorted({e.involved_object.name for e in events if e.reason == "Pulled" and image in (e.message or "")})
+
+
+def test_the_train_job_step_runs_in_a_component_image_pod_and_its_trainjob_runs_the_trainer_image(
+    cluster, api_client, namespace, real_node, image_refs, launcher_account
+):
+    core = client.CoreV1Api(api_client)
+    script = "import os, torch, kfp_trainer.trainers.sft; print('trainer ran', os.getuid(), torch.__version__.split('+')[0])"
+    params = step_params(namespace, image_refs["trainer"], num_nodes=1, command=["python", "-c", script])
+    log = run_step_pod(cluster, core, namespace, "train-job-step", image_refs["component"], component_container("train_job"),
+                       params, launcher_account)
+    assert "trainer ran 1000 2." in log, log[-3000:]
+    assert len(trainer_pod_events(core, namespace, image_refs["trainer"])) == 1
     # delete_after_success: the step removed its TrainJob once it succeeded
     jobs = client.CustomObjectsApi(api_client).list_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs")["items"]
     assert jobs == []
+
+
+def test_the_digits_classifier_trains_on_two_real_trainer_nodes(cluster, api_client, namespace, real_node, image_refs, launcher_account):
+    core = client.CoreV1Api(api_client)
+    command = ("python -m kfp_trainer.trainers.digits prepare --output-dir /tmp/digits && "
+               "torchrun -m kfp_trainer.trainers.digits train --dataset-dir /tmp/digits --output-dir /tmp/model --epochs 8")
+    params = step_params(namespace, image_refs["trainer"], num_nodes=2, num_proc_per_node="1", command=["sh", "-c", command])
+    log = run_step_pod(cluster, core, namespace, "digits-step", image_refs["component"], component_container("train_job"),
+                       params, launcher_account)
+    epochs = [json.loads(line[line.index("{"):]) for line in log.splitlines() if '"val_accuracy"' in line]
+    assert [e["epoch"] for e in epochs] == list(range(1, 9)), log[-3000:]
+    assert epochs[-1]["val_accuracy"] > 0.8 and epochs[-1]["loss"] < epochs[0]["loss"]
+    assert len(trainer_pod_events(core, namespace, image_refs["trainer"])) == 2  # both nodes ran the trainer image
+
+
+def test_a_trainjob_component_function_runs_in_real_trainer_pods(cluster, api_client, namespace, real_node, image_refs,
+                                                                 launcher_account, tmp_path):
+    from kfp import compiler
+
+    from kfp_trainer.components import trainjob_component
+
+    def fit(epochs: int = 2):
+        """Prints a loss per epoch from a real trainer pod."""
+        import json
+        import os
+
+        import torch
+
+        for epoch in range(epochs):
+            print(json.dumps({"epoch": epoch, "loss": 1.0 / (epoch + 1)}), flush=True)
+        print("function ran", os.getuid(), torch.__version__.split("+")[0], os.environ.get("WORLD_SIZE"), flush=True)
+
+    component = trainjob_component(fit, num_nodes=1, num_proc_per_node=1, image=image_refs["trainer"])
+    compiler.Compiler().compile(component, str(tmp_path / "fit.yaml"))
+    (executor,) = yaml.safe_load((tmp_path / "fit.yaml").read_text())["deploymentSpec"]["executors"].values()
+    placement = realnode.pod_spec_for_real_node()
+    params = {"epochs": 3, "backend": "kubernetes", "run_id": str(uuid.uuid4()), "task_name": "fit", "task_id": "1",
+              "start_timeout": 300.0, "task_config": placement}
+    core = client.CoreV1Api(api_client)
+    log = run_step_pod(cluster, core, namespace, "fit-step", image_refs["component"], executor["container"], params, launcher_account)
+    assert '{"epoch": 2, "loss": 0.3333333333333333}' in log and "function ran 1000 2." in log, log[-3000:]
+    assert len(trainer_pod_events(core, namespace, image_refs["trainer"])) == 1
