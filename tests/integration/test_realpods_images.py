@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlparse
@@ -30,7 +31,13 @@ GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 def image_refs(real_node):
     """Both images imported into the real node's containerd (skipped when that digest is there)."""
     socket = str(real_node.containerd.socket)
-    return {name: images.import_into(name, socket)[0].ref for name in images.IMAGES}
+    refs = {}
+    for name in images.IMAGES:
+        started = time.monotonic()
+        image, imported = images.import_into(name, socket)
+        print(f"{image.ref}: {'imported' if imported else 'already there'} in {time.monotonic() - started:.1f} s")
+        refs[name] = image.ref
+    return refs
 
 
 @pytest.fixture
