@@ -20,13 +20,13 @@ def session_node_stopped(cluster, real_node):
     try:
         yield
     finally:
-        cluster.real_node.start(cluster.server, wait=60)
+        cluster.real_node.start(cluster.server, wait=cluster.real_node_wait)
 
 
 def test_cluster_down_leaves_nothing_of_the_real_node(session_node_stopped):
     roots = (str(realnode.base_dir()),)
     before = hostguard.snapshot()
-    c = TestCluster(f"kfp-trainer-down-{os.getpid()}", reuse=False, real_node=True, real_node_wait=30)
+    c = TestCluster(f"kfp-trainer-down-{os.getpid()}", reuse=False, real_node=True)
     stopped = False
     try:
         t0 = time.monotonic()

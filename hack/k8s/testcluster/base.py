@@ -82,6 +82,7 @@ class ClusterBase:
         self._api_client = None
         self._lock_fd: int | None = None
         self._gc: GcProbe | None = None
+        self._real_node: RealNode | None = None
 
     def _set_name(self, name: str) -> None:
         self.name = name
@@ -149,7 +150,9 @@ class ClusterBase:
     def real_node(self) -> RealNode:
         """The machine's real node (:class:`.realnode.RealNode`), as this cluster's."""
         assert self._bin is not None
-        return RealNode(self.name, self.cluster_dir, self._bin, log=self._log)
+        if self._real_node is None or self._real_node.cluster_name != self.name:
+            self._real_node = RealNode(self.name, self.cluster_dir, self._bin, log=self._log)
+        return self._real_node
 
     def restart_controllers(self, feature_gates: Mapping[str, bool] | None = None) -> None:
         """Stop the Trainer/JobSet controllers and start them again (with other feature gates)."""

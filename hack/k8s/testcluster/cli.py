@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .binaries import binaries
+from .binaries import ClusterError, binaries
 from .cluster import TestCluster
 from .components import parse_gates
 
@@ -48,7 +48,11 @@ def main(argv: list[str]) -> int:
         print(c.kubeconfig)
         return 0
     if args.command == "down":
-        c.stop()
+        try:
+            c.stop()
+        except ClusterError as e:
+            print(f"cluster {c.name}: {e}", file=sys.stderr)
+            return 1
         left = c.leftover_processes()
         if left:
             print(f"left behind: {left}", file=sys.stderr)

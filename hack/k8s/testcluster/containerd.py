@@ -171,6 +171,19 @@ def image_ref(tar: Path) -> tuple[str, str]:
     return m["annotations"]["io.containerd.image.name"], m["digest"]
 
 
+CNI_CACHE = Path("/var/lib/cni/results")  # the CNI library's cache (not configurable in containerd 1.6)
+
+
+def forget_cni_results() -> None:
+    """Remove the CNI cache entries of our network's sandboxes (and of their loopback), left
+    when sandboxes go without a CNI DEL (containers removed with ``ctr``)."""
+    prefix = f"{NETWORK}-"
+    for entry in CNI_CACHE.glob(f"{prefix}*"):
+        sandbox = entry.name[len(prefix) :].rsplit("-", 1)[0]
+        for f in (entry, CNI_CACHE / f"cni-loopback-{sandbox}-lo"):
+            f.unlink(missing_ok=True)
+
+
 def ensure_bridge() -> None:
     """The pods' bridge with the gateway address, up (before any pod: CoreDNS binds there)."""
     if not Path(f"/sys/class/net/{BRIDGE}").exists():

@@ -24,10 +24,11 @@ SYSCTL_DIRS = ("vm", "kernel/keys", "net/ipv4/conf/all", "net/ipv4/conf/default"
 SYSCTL_FILES = ("kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
 # Counters and statistics, not settings.
 VOLATILE_SYSCTLS = ("vm/stat_refresh", "vm/drop_caches", "vm/compact_memory", "vm/nr_", "vm/stat_interval")
-# Mounts under these directories that appear while the node runs are its own.
-MOUNT_PREFIXES = ("/run/netns", "/var/run/netns", "/run/containerd", "/var/lib/kubelet", "/var/lib/containerd")
-# Directories the runtime creates outside its own tree; removed when they were not there before.
-HOST_DIRS = ("/var/lib/cni", "/run/containerd", "/run/netns", "/var/run/netns")
+# Directories the runtime creates outside its own tree (containerd's shims put their sockets
+# in /run/containerd/s whatever the configuration says; the CNI library caches results in
+# /var/lib/cni): when they were not there before, their empty directories are removed
+# (never a file: another containerd on the machine may use them too).
+HOST_DIRS = ("/var/lib/cni", "/run/containerd")
 IPTABLES = ("iptables-save", "ip6tables-save")
 
 
@@ -110,9 +111,9 @@ def snapshot() -> dict:
 
 
 def new_mounts(before: dict, roots: tuple[str, ...]) -> list[str]:
-    """Mount points that were not there before, under ``roots`` or :data:`MOUNT_PREFIXES`."""
+    """Mount points under ``roots`` that were not there before."""
     old = set(before["mounts"])
-    prefixes = tuple(r.rstrip("/") + "/" for r in (*roots, *MOUNT_PREFIXES))
+    prefixes = tuple(r.rstrip("/") + "/" for r in roots)
     return [m for m in mounts() if m not in old and (m + "/").startswith(prefixes)]
 
 
@@ -164,13 +165,21 @@ def _iptables_undo(cmd: str, before: list[str], after: list[str]) -> None:
         subprocess.run([binary, "-w", "-t", table, "-X", chain], capture_output=True, timeout=30)
 
 
-def restore(
-    before: dict, roots: tuple[str, ...], links_ours: tuple[str, ...] = ("veth",), cgroups_ours: tuple[str, ...] = ("kubepods",)
-) -> None:
-    """Undo what changed since ``before``: mounts under ``roots`` (and the runtime's
-    directories), the cgroups named ``cgroups_ours``, new links whose name starts with one
-    of ``links_ours``, new iptables rules and chains, sysctls, the runtime's host
-    directories. Processes must be gone first."""
+def remove_empty_dirs(path: str) -> None:
+    """Remove ``path`` and the directories under it, bottom-up, as far as they are empty."""
+    subdirs = [p for p in Path(path).rglob("*") if p.is_dir() and not p.is_symlink()]
+    for d in sorted(subdirs, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def restore(before: dict, roots: tuple[str, ...], links_ours: tuple[str, ...] = (), cgroups_ours: tuple[str, ...] = ("kubepods",)) -> None:
+    """Undo what changed since ``before``: mounts under ``roots``, the cgroups named
+    ``cgroups_ours``, the new links named in ``links_ours`` (a bridge; its veths go with the
+    pods' network namespaces), new iptables rules and chains, sysctls, the runtime's empty
+    host directories. Processes must be gone first."""
     unmount(new_mounts(before, roots))
     old_cgroups = set(before["cgroups"])
     for c in cgroups():
@@ -178,7 +187,7 @@ def restore(
             remove_cgroup(CGROUP_ROOT / c)
     old_links = set(before["links"])
     for name in links():
-        if name not in old_links and name.startswith(links_ours):
+        if name not in old_links and name in links_ours:
             subprocess.run(["ip", "link", "delete", name], capture_output=True, timeout=30)
     now = iptables()
     for cmd, rules in before["iptables"].items():
@@ -191,7 +200,7 @@ def restore(
                 (SYSCTL_ROOT / key).write_text(value)
     for d in HOST_DIRS:
         if d not in before["dirs"] and os.path.isdir(d) and not os.path.islink(d):
-            subprocess.run(["rm", "-rf", "--one-file-system", d], capture_output=True, timeout=60)
+            remove_empty_dirs(d)
 
 
 def leftovers(before: dict, roots: tuple[str, ...]) -> list[str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from . import hostguard, kubelet
 from .binaries import Binaries, ClusterError, cache_root
-from .containerd import BRIDGE, GATEWAY, Containerd, ensure_bridge
+from .containerd import BRIDGE, GATEWAY, Containerd, ensure_bridge, forget_cni_results
 from .dns import CoreDNS
 from .procs import free_port, pid_alive, processes_under, read_pid, start_daemon, terminate, wait_until
 
@@ -164,6 +164,9 @@ class RealNode:
             with contextlib.suppress(Exception):
                 self.stop(forget_pods=False)
             raise
+        finally:
+            # The daemons hold the lock now (they inherited it); it is free once they are gone.
+            self._release()
         self._timed("start_total_s", t0)
 
     def _timed(self, key: str, t0: float) -> float:
@@ -269,9 +272,10 @@ class RealNode:
         if pid is not None:
             terminate([pid], grace=10)
         self._kill_strays()
+        forget_cni_results()
         roots = (str(self.base),)
         if before is not None:
-            hostguard.restore(before, roots, links_ours=("veth", BRIDGE))
+            hostguard.restore(before, roots, links_ours=(BRIDGE,))
         else:
             hostguard.unmount([m for m in hostguard.mounts() if m.startswith(str(self.base) + "/")])
             for d in hostguard.CGROUP_ROOT.glob("*/kubepods"):

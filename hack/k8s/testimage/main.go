@@ -14,6 +14,10 @@
 //	sleep SECS            sleep ("inf": until killed)
 //	alloc MIB             allocate and touch MIB mebibytes, keep them
 //	exit CODE             exit with CODE
+//	exit-if NAME VALUE CODE  exit with CODE when the environment variable NAME is VALUE
+//	term SECS [FILE]      from now on, a SIGTERM prints "got SIGTERM" and the process exits
+//	                      143 SECS seconds later (a trainer that takes time to stop); FILE
+//	                      gets "sigterm <unix time>" and "exit <unix time>" lines
 //
 // A failed step prints its error and exits 1.
 package main
@@ -24,8 +28,10 @@ import (
 	"math"
 	"net"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -72,6 +78,20 @@ func resolve(name string, within time.Duration) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// note appends "<what> <unix time>" to file (if any).
+func note(file, what string) {
+	if file == "" {
+		return
+	}
+	f, err := os.OpenFile(file, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "probe: %v\n", err)
+		return
+	}
+	fmt.Fprintf(f, "%s %.3f\n", what, float64(time.Now().UnixNano())/1e9)
+	f.Close()
 }
 
 func step(args []string) {
@@ -124,6 +144,30 @@ func step(args []string) {
 			kept = append(kept, b)
 		}
 		fmt.Printf("allocated %d MiB\n", mib)
+	case "term":
+		linger := seconds(arg(args, 1, ""))
+		file := ""
+		if len(args) > 2 {
+			file = args[2]
+		}
+		ch := make(chan os.Signal, 1)
+		signal.Notify(ch, syscall.SIGTERM)
+		go func() {
+			<-ch
+			fmt.Println("got SIGTERM")
+			note(file, "sigterm")
+			time.Sleep(linger)
+			note(file, "exit")
+			os.Exit(143)
+		}()
+	case "exit-if":
+		if os.Getenv(arg(args, 1, "")) == arg(args, 2, "") {
+			code, err := strconv.Atoi(arg(args, 3, ""))
+			if err != nil {
+				fail("exit-if: %v", err)
+			}
+			os.Exit(code)
+		}
 	case "exit":
 		code, err := strconv.Atoi(arg(args, 1, ""))
 		if err != nil {
