@@ -3,7 +3,8 @@
 Layers are stored uncompressed (``application/vnd.oci.image.layer.v1.tar``), so a layer's blob
 digest is its diff ID. The layout tar is streamed: each layer's tar is written from its directory
 straight into the layout (and checked against the digest recorded when the layer was made), so
-no copy of a layer tar is kept on disk. ``ctr images import`` reads it from its standard input.
+no copy of a layer tar is kept on disk. ``ctr images import`` reads it from its standard input;
+layers the containerd holds already (``ctr content ls``) are left out of the stream.
 """
 
 from __future__ import annotations
@@ -96,8 +97,11 @@ def index_json(image: Image) -> bytes:
     }]})
 
 
-def write_layout(image: Image, out) -> None:
-    """Writes the OCI image-layout tar of ``image`` to the (write-only) file ``out``."""
+def write_layout(image: Image, out, skip: frozenset[str] = frozenset()) -> None:
+    """Writes the OCI image-layout tar of ``image`` to the (write-only) file ``out``.
+
+    Layers whose digest is in ``skip`` are left out: the containerd importing it has them already.
+    """
     def member(name: str, size: int) -> None:
         info = tarfile.TarInfo(name)
         info.size, info.mode, info.mtime = size, 0o644, 0
@@ -118,6 +122,8 @@ def write_layout(image: Image, out) -> None:
         out.write(body)
         pad(len(body))
     for layer in image.layers:
+        if layer.digest in skip:
+            continue
         member(f"blobs/sha256/{layer.digest.split(':')[1]}", layer.size)
         sink = HashingSink(out)
         write_tar(layer.path, sink)
@@ -146,10 +152,12 @@ def import_image(image: Image, address: str) -> bool:
     """Imports ``image`` into containerd at ``address`` unless it is there; True when it imported."""
     if present(image, address):
         return False
+    listed = ctr(address, "content", "ls", "-q", capture_output=True, text=True, timeout=60)
+    have = frozenset(listed.stdout.split()) if listed.returncode == 0 else frozenset()
     proc = subprocess.Popen(["ctr", "--address", address, "-n", "k8s.io", "images", "import", "-"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        write_layout(image, proc.stdin)
+        write_layout(image, proc.stdin, skip=have)  # a heavy layer already there is not streamed again
         proc.stdin.close()
     except BrokenPipeError:
         pass  # ctr stopped reading: its output says why
