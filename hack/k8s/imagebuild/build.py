@@ -1,11 +1,12 @@
 """Executes a Dockerfile's plan: one cached layer per COPY, RUN and WORKDIR, as Docker does.
 
-A layer's cache key is the digest of its parent's key, the instruction as resolved (RUN: the
-command, its environment, user and directory; COPY: the destination, owner and a digest of what
-it reads), so a change to ``kfp_trainer/*.py`` rebuilds only the layers from the first one that
-reads it. RUN runs chrooted in a private mount namespace (see :mod:`sandbox`) with the machine's
-DNS configuration and CA bundle bound in, and pip pointed at a caching mirror on 127.0.0.1 (see
-:mod:`pypicache`), none of which ends up in a layer.
+A layer's cache key is the digest of the layers below it (their contents' digests, as Docker's
+chain ID), the instruction as resolved (RUN: the command, its environment, user and directory;
+COPY: the destination, owner and a digest of what it reads), so a change to ``kfp_trainer/*.py``
+rebuilds only the layers from the first one that reads it. RUN runs chrooted in a private mount
+namespace (see :mod:`sandbox`) with the machine's DNS configuration and CA bundle bound in, and
+pip pointed at a caching mirror on 127.0.0.1 (see :mod:`pypicache`), none of which ends up in a
+layer.
 """
 
 from __future__ import annotations
@@ -35,8 +36,13 @@ class Built:
 
 
 def key_of(parent: str, *parts) -> str:
-    """A layer's cache key: the parent's key and the resolved instruction."""
+    """A layer's cache key: the parent's chain (see :func:`chain_of`) and the resolved instruction."""
     return hashlib.sha256(json.dumps([parent, *parts], sort_keys=True).encode()).hexdigest()
+
+
+def chain_of(stack: list[layers.Layer]) -> str:
+    """What a stack of layers holds, from their contents (Docker's chain ID): the digests bottom up."""
+    return hashlib.sha256(" ".join(layer.digest for layer in stack).encode()).hexdigest()
 
 
 class Builder:
@@ -70,7 +76,7 @@ class Builder:
             out = Built([base.base_layer(stage.base_image, self.store, self.log)], stage)
         for step in stage.steps:
             view = copying.MergedView([layer.path for layer in reversed(out.layers)])
-            parent = out.layers[-1].key
+            parent = chain_of(out.layers)
             if isinstance(step, plan.Mkdir):
                 if view.lookup(step.path) is not None:
                     continue
