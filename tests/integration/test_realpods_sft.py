@@ -105,3 +105,64 @@ def test_sft_trains_on_two_real_nodes_with_torchrun_and_writes_the_model_to_the_
     assert (output / "model.safetensors").stat().st_size > 0
     info = json.loads((output / "training_info.json").read_text())
     assert info["world_size"] == 2, info
+
+
+def test_a_cancel_sends_sigterm_to_torchrun_and_the_pods_are_gone_within_the_grace_period(
+    cluster, api_client, namespace, real_node, trainer_image
+):
+    """SIGTERM to the launcher (a KFP cancel): the TrainJob is deleted, the kubelet sends SIGTERM
+    to torchrun (PID 1 of each trainer container), which stops its workers and exits; every pod
+    is gone within 10 s of the grace period's end."""
+    from faults import Output, start_launch
+
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {"metadata": {"name": "workspace"}, "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
+    )
+    prepare_workspace(core, namespace, trainer_image)
+    placement = realnode.pod_spec_for_real_node()
+    grace = 20
+    args = ["--model-dir", "/workspace/model", "--dataset-dir", "/workspace/dataset", "--output-dir", "/workspace/output"]
+    args += ["--max-steps", "100000", "--logging-steps", "2", "--batch-size", "8", "--time-budget-seconds", "600"]
+    argv = [
+        "--image", trainer_image, "--command", json.dumps(["torchrun", "-m", "kfp_trainer.trainers.sft"]), "--args", json.dumps(args),
+        "--num-nodes", "2", "--num-proc-per-node", "1", "--termination-grace-period-seconds", str(grace),
+        "--volumes", json.dumps([{"name": "workspace", "persistentVolumeClaim": {"claimName": "workspace"}}]),
+        "--volume-mounts", json.dumps([{"name": "workspace", "mountPath": "/workspace"}]),
+        "--node-selector", json.dumps(placement["nodeSelector"]), "--tolerations", json.dumps(placement["tolerations"]),
+    ]  # fmt: skip
+    out = Output(start_launch(cluster.kubeconfig, namespace, f"run-{time.time_ns()}", *argv))
+    out.wait_for('"step": 4', timeout=180)  # rank 0 trains (the launcher relays its log)
+    pods = core.list_namespaced_pod(namespace, label_selector="jobset.sigs.k8s.io/jobset-name").items
+    assert len(pods) == 2
+    logs = {p.metadata.name: [] for p in pods}
+
+    def follow(name: str) -> None:
+        stream = core.read_namespaced_pod_log(name, namespace, follow=True, _preload_content=False)
+        for line in stream.stream():
+            logs[name].append(line.decode(errors="replace"))
+
+    import threading
+
+    followers = [threading.Thread(target=follow, args=(n,), daemon=True) for n in logs]
+    for t in followers:
+        t.start()
+    time.sleep(1)
+    cancelled = time.monotonic()
+    out.proc.send_signal(15)
+    rc = out.finish(timeout=grace + 30)
+    gone = None
+    while time.monotonic() - cancelled < grace + 10:
+        if not core.list_namespaced_pod(namespace, label_selector="jobset.sigs.k8s.io/jobset-name").items:
+            gone = time.monotonic() - cancelled
+            break
+        time.sleep(0.2)
+    for t in followers:
+        t.join(5)
+    print(f"cancelled: launcher exited {rc}, trainer pods gone {gone} s after SIGTERM")
+    assert rc == 130, out.text[-3000:]
+    assert gone is not None, "trainer pods still there 10 s after the grace period"
+    for name, lines in logs.items():
+        text = "".join(lines)
+        assert "SignalException: Process 1 got signal: 15" in text, (name, text[-2000:])  # torchrun is PID 1

@@ -265,6 +265,7 @@ class RealNode:
             pid = self.pid(name)
             if pid is not None:
                 terminate([pid], grace=5)
+        self._kill_strays(only_containers=True)  # what runs in the pods: then their tasks go at once
         if self._alive("containerd")():
             with contextlib.suppress(Exception):
                 self.containerd.remove_all_containers()
@@ -293,11 +294,14 @@ class RealNode:
             left += hostguard.leftovers(before, roots)
         return left
 
-    def _kill_strays(self) -> None:
-        """Whatever still runs: containers' processes in /kubepods, shims (their command
-        line names our socket), anything started from our directory."""
+    def _kill_strays(self, only_containers: bool = False) -> None:
+        """Whatever still runs: containers' processes in /kubepods, and unless
+        ``only_containers`` shims (their command line names our socket) and anything started
+        from our directory."""
         for _ in range(3):
-            pids = hostguard.cgroup_pids("kubepods") | {p for p, _ in processes_under(self.base)}
+            pids = hostguard.cgroup_pids("kubepods")
+            if not only_containers:
+                pids |= {p for p, _ in processes_under(self.base)}
             pids.discard(os.getpid())
             if not pids:
                 return
