@@ -140,6 +140,9 @@ class PodScripter:
                         rv = None
                         break
                     obj = ev["object"]
+                    if isinstance(obj, dict):  # a bookmark the client did not turn into a V1Pod
+                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        continue
                     rv = obj.metadata.resource_version or rv
                     if ev["type"] != "BOOKMARK":
                         try:

@@ -1,17 +1,20 @@
 """Deleting a cluster with a real node leaves the host as it was: no process, mount, cgroup,
-network link, iptables rule or changed sysctl. The session's own real node is stopped for the
-test (one per machine) and started again afterwards."""
+network link, iptables rule or changed sysctl; a node whose processes all died is cleaned up by
+the next start. The session's own real node is stopped for the test (one per machine) and
+started again afterwards."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
+from helpers import wait_for
 from kubernetes import client
 from realpods import probe_pod, wait_phase
 from testcluster import TestCluster, hostguard, realnode
-from testcluster.procs import processes_under
+from testcluster.procs import pid_alive, processes_under
 
 
 @pytest.fixture
@@ -52,6 +55,15 @@ def test_cluster_down_leaves_nothing_of_the_real_node(session_node_stopped):
         assert any(x.startswith("link veth") for x in changed), changed
         assert any(x.startswith("sysctl ") for x in changed), changed
         assert processes_under(realnode.base_dir())
+        # A crash: every process of the node killed at once; its mounts, cgroups, bridge and
+        # sysctls stay. The next start takes the free lock and cleans up first.
+        crashed = hostguard.cgroup_pids("kubepods") | {p for p, _ in processes_under(realnode.base_dir())}
+        for pid in crashed:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not any(pid_alive(p) for p in crashed), what="the node's processes killed")
+        assert any(x.startswith("mount ") for x in hostguard.leftovers(before, roots))
+        c.real_node.start(c.server, wait=10)
+        assert c.real_node.running()
         t0 = time.monotonic()
         c.stop()  # what `cluster.py down` and the end of a session do; raises if the node left anything
         stopped = True

@@ -147,15 +147,14 @@ class Containerd:
         return ref
 
     def remove_all_containers(self) -> None:
-        """Kill every task and delete every container (sandboxes included) of the CRI namespace."""
+        """Delete every task and container (sandboxes included) of the CRI namespace; their
+        processes should be gone already (a task whose process lives is killed first)."""
         tasks = [ln.split()[0] for ln in self.ctr("tasks", "ls", check=False).stdout.splitlines()[1:] if ln.strip()]
         for t in tasks:
-            self.ctr("tasks", "kill", "--signal", "SIGKILL", t, check=False, timeout=30)
-        for t in tasks:
-            for _ in range(50):
-                if self.ctr("tasks", "delete", "--force", t, check=False, timeout=30).returncode == 0:
-                    break
-                time.sleep(0.1)
+            if self.ctr("tasks", "delete", "--force", t, check=False, timeout=30).returncode != 0:
+                self.ctr("tasks", "kill", "--signal", "SIGKILL", t, check=False, timeout=30)
+                time.sleep(0.2)
+                self.ctr("tasks", "delete", "--force", t, check=False, timeout=30)
         for c in self.ctr("containers", "ls", "-q", check=False).stdout.split():
             self.ctr("containers", "delete", c, check=False, timeout=30)
 

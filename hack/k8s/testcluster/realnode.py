@@ -71,6 +71,7 @@ class RealNode:
         self._log = log or (lambda _msg: None)
         self._fd: int | None = None
         self.timings: dict[str, float] = {}
+        self._kubelet_started = 0.0
         self.images: dict[str, str] = {}  # tar stem -> image name (pause, probe)
         self.containerd = Containerd(self.base, "")
 
@@ -146,7 +147,9 @@ class RealNode:
             stale = owner_of(self.base)
             if stale is not None:
                 self._log(f"cleaning up the real node left by cluster {stale.get('cluster')}")
-                self._teardown(stale.get("before"))
+                left = self._teardown(stale.get("before"))
+                if left:
+                    raise ClusterError(f"the real node left by cluster {stale.get('cluster')} could not be cleaned: " + "; ".join(left))
             for old in self.logs_dir.glob("*.log"):
                 old.unlink()
             before = hostguard.snapshot()
@@ -223,6 +226,7 @@ class RealNode:
             pod_logs=self.base / "pod-logs",
         )
         config_path = kubelet.write(self.base / "kubelet-config.yaml", config)
+        self._kubelet_started = time.time()
         self._daemon("kubelet", kubelet.argv(self.bins.kubelet, self.base, config_path, kubeconfig, ip), self.logs_dir / "kubelet.log")
         wait_until(self._node_ready, 90, f"node {NODE_NAME} Ready (log: {self.logs_dir / 'kubelet.log'})", alive=self._alive("kubelet"))
 
@@ -232,8 +236,14 @@ class RealNode:
         return client.CoreV1Api(config.new_client_from_config(config_file=str(self.cluster_dir / "kubeconfig.yaml")))
 
     def _node_ready(self) -> bool:
+        """Ready, as reported by this kubelet (a heartbeat since it started: the Node may still
+        show an earlier kubelet's Ready)."""
         node = self._api().read_node(NODE_NAME)
-        return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+        since = int(self._kubelet_started)
+        return any(
+            c.type == "Ready" and c.status == "True" and c.last_heartbeat_time and c.last_heartbeat_time.timestamp() >= since
+            for c in node.status.conditions or []
+        )
 
     # ------------------------------------------------------------------ stop
     def stop(self, forget_pods: bool = True) -> None:
@@ -265,6 +275,7 @@ class RealNode:
             pid = self.pid(name)
             if pid is not None:
                 terminate([pid], grace=5)
+        self._kill_strays(only_containers=True)  # what runs in the pods: then their tasks go at once
         if self._alive("containerd")():
             with contextlib.suppress(Exception):
                 self.containerd.remove_all_containers()
@@ -293,11 +304,14 @@ class RealNode:
             left += hostguard.leftovers(before, roots)
         return left
 
-    def _kill_strays(self) -> None:
-        """Whatever still runs: containers' processes in /kubepods, shims (their command
-        line names our socket), anything started from our directory."""
+    def _kill_strays(self, only_containers: bool = False) -> None:
+        """Whatever still runs: containers' processes in /kubepods, and unless
+        ``only_containers`` shims (their command line names our socket) and anything started
+        from our directory."""
         for _ in range(3):
-            pids = hostguard.cgroup_pids("kubepods") | {p for p, _ in processes_under(self.base)}
+            pids = hostguard.cgroup_pids("kubepods")
+            if not only_containers:
+                pids |= {p for p, _ in processes_under(self.base)}
             pids.discard(os.getpid())
             if not pids:
                 return
