@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test unit lint lint-workflows compile images browser cluster-build cluster-up cluster-status cluster-down reliability bench clean
+.PHONY: setup demo test unit lint lint-workflows compile images browser debootstrap test-images host-packages cluster-build cluster-up cluster-status cluster-down reliability bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,19 +54,33 @@ endif
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
+# debootstrap, which makes the python:3.11-slim base of the images built without a registry (Debian/Ubuntu, as root).
+debootstrap:
+	@command -v debootstrap >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; }
+
+# Both images built on this machine from deploy/Dockerfile.* without a registry or container engine
+# (hack/k8s/images.py; layers cached in ~/.cache/kfp-trainer/images): what the real node's pods run.
+test-images: setup debootstrap
+	$(PY) hack/k8s/images.py build all
+
 # Regenerates components/*/component.yaml + README.md and pipelines/*/pipeline.yaml.
 compile: setup
 	$(VENV)/bin/kfp-trainer compile
 
-# Builds the test control plane (Kubernetes, etcd, KWOK, the Trainer and JobSet controllers)
-# from Go modules; cached outside the repo after the first time.
-cluster-build:
+# containerd, runc, the CNI plugins and iptables for the test cluster's real node (Debian/Ubuntu, as root).
+host-packages:
+	@bash hack/k8s/host-packages.sh
+
+# Builds the test control plane (Kubernetes, etcd, KWOK, the Trainer and JobSet controllers, the
+# real node's kubelet, CoreDNS and images) from Go modules; cached outside the repo after the first time.
+cluster-build: host-packages
 	bash hack/k8s/build.sh
 
-# A test cluster with the real Trainer and JobSet controllers, left running for kubectl
-# (docs/controlplane.md). FEATURE_GATES=TrainJobStatus=true turns on controller feature gates.
+# A test cluster with the real Trainer and JobSet controllers and the real node, left running for
+# kubectl (docs/controlplane.md). FEATURE_GATES=TrainJobStatus=true turns on controller feature
+# gates; NO_REAL_NODE=1 leaves the real node out.
 cluster-up: setup cluster-build
-	$(PY) hack/k8s/cluster.py up $(if $(FEATURE_GATES),--feature-gates $(FEATURE_GATES))
+	$(PY) hack/k8s/cluster.py up $(if $(FEATURE_GATES),--feature-gates $(FEATURE_GATES)) $(if $(NO_REAL_NODE),--no-real-node)
 
 cluster-status: setup
 	$(PY) hack/k8s/cluster.py status
@@ -88,7 +102,7 @@ reliability: setup cluster-build
 bench: setup cluster-build
 	$(PY) -m bench.run $(BENCH_ARGS)
 
-test: setup lint browser cluster-build
+test: setup lint browser cluster-build test-images
 	$(PY) -m pytest --doctest-modules kfp_trainer tests
 
 clean:

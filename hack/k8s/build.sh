@@ -3,14 +3,19 @@
 # versions: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and
 # kwokctl into one, and our controllers binary (the real Kubeflow Trainer and JobSet
 # controllers, hack/k8s/controllers) into another, keyed also by a digest of its
-# sources. Skips everything that is already there.
+# sources. The real node's pieces each into one of their own, keyed by version and a
+# digest of their wrapper's files: the kubelet (hack/k8s/kube), CoreDNS
+# (hack/k8s/coredns) and the node images (the pause image, compiled from the Kubernetes
+# module's build/pause/linux/pause.c, and the probe test image, hack/k8s/testimage) as
+# OCI image layout tars. Skips everything that is already there.
 #
 #   hack/k8s/build.sh            # build what is missing; print the bin dirs (see below)
 #   hack/k8s/build.sh --print    # only print them (exit 1 if anything is missing)
 #   hack/k8s/build.sh --force    # rebuild everything
 #
-# Output (stdout): a line CONTROLLERS_BIN=<path of the controllers binary>, then the
-# directory of the Kubernetes/etcd/kwok binaries as the last line.
+# Output (stdout): lines CONTROLLERS_BIN=<path of the controllers binary>,
+# KUBELET_BIN=<kubelet>, COREDNS_BIN=<coredns>, NODE_IMAGES=<dir of pause.tar and
+# probe.tar>, then the directory of the Kubernetes/etcd/kwok binaries as the last line.
 #
 # The modules build side by side (the Kubernetes build is the long one; the others
 # fill the gaps in its compile and link steps); KFP_TRAINER_BUILD_JOBS=1 builds one
@@ -30,6 +35,8 @@ ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 TRAINER_VERSION=v2.3.0
 JOBSET_VERSION=v0.12.0
+COREDNS_VERSION=v1.15.0
+PAUSE_TAG=3.10.2  # build/pause/Makefile's TAG in the Kubernetes module
 
 CACHE_ROOT="${KFP_TRAINER_CACHE:-$HOME/.cache/kfp-trainer}"
 BIN_DIR="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION/bin"
@@ -41,16 +48,31 @@ ctrl_digest() {
 CTRL_DIR="$CACHE_ROOT/controllers-trainer-$TRAINER_VERSION-jobset-$JOBSET_VERSION-$(ctrl_digest)/bin"
 CTRL_BIN="$CTRL_DIR/controllers"
 
+files_digest() { # <dir under hack/k8s> <file>...: a digest of those files
+  local d="$1"; shift
+  (cd "$HERE/$d" && cat "$@") | sha256sum | cut -c1-12
+}
+KUBELET_BIN="$CACHE_ROOT/kubelet-$K8S_VERSION-$(files_digest kube go.mod go.sum)/bin/kubelet"
+COREDNS_BIN="$CACHE_ROOT/coredns-$COREDNS_VERSION-$(files_digest coredns go.mod go.sum main.go)/bin/coredns"
+IMAGES_DIR="$CACHE_ROOT/node-images-$K8S_VERSION-pause-$PAUSE_TAG-$(files_digest . testimage/go.mod testimage/main.go testcluster/ociimage.py)"
+IMAGES=(pause.tar probe.tar)
+
 all_present() {
   local b
   for b in "${BINARIES[@]}"; do
     [[ -x "$BIN_DIR/$b" ]] || return 1
   done
-  [[ -x "$CTRL_BIN" ]]
+  [[ -x "$CTRL_BIN" && -x "$KUBELET_BIN" && -x "$COREDNS_BIN" ]] || return 1
+  for b in "${IMAGES[@]}"; do
+    [[ -f "$IMAGES_DIR/$b" ]] || return 1
+  done
 }
 
 report() {
   echo "CONTROLLERS_BIN=$CTRL_BIN"
+  echo "KUBELET_BIN=$KUBELET_BIN"
+  echo "COREDNS_BIN=$COREDNS_BIN"
+  echo "NODE_IMAGES=$IMAGES_DIR"
   echo "$BIN_DIR"
 }
 
@@ -60,7 +82,7 @@ case "$mode" in
     report
     all_present && exit 0
     exit 1 ;;
-  --force) rm -rf "$BIN_DIR" "$CTRL_DIR" ;;
+  --force) rm -rf "$BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR" ;;
   build|"") ;;
   *) echo "usage: $0 [--print|--force]" >&2; exit 2 ;;
 esac
@@ -83,7 +105,7 @@ check_pin controllers sigs.k8s.io/jobset "$JOBSET_VERSION"
 check_pin kwok sigs.k8s.io/kwok "$KWOK_VERSION"
 
 NICE="${KFP_TRAINER_NICE:-10}"
-mkdir -p "$BIN_DIR" "$CTRL_DIR"
+mkdir -p "$BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR"
 # Build into temporary directories and move the finished binaries in, so an
 # interrupted build never leaves a half-written binary behind.
 WORK="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
@@ -114,16 +136,46 @@ build_kwok() {
   mv -f "$WORK/kwok/"* "$BIN_DIR/"
 }
 
-build_kube() {
+kube_ldflags() {
   local minor="${K8S_VERSION#v1.}" vpkg=k8s.io/component-base/version ldf
   minor="${minor%%.*}"
   ldf="-s -w -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor"
   ldf="$ldf -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
   # Also stamp the copy kube-apiserver uses for its compatibility version.
-  ldf="$ldf -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-  gobuild kube "$WORK/kube" "$ldf" \
+  echo "$ldf -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+}
+
+build_kube() {
+  gobuild kube "$WORK/kube" "$(kube_ldflags)" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
   mv -f "$WORK/kube/"* "$BIN_DIR/"
+}
+
+# The kubelet: its own job and cache directory, so that adding it never rebuilds the others.
+build_kubelet() {
+  gobuild kube "$WORK/kubelet" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubelet
+  mv -f "$WORK/kubelet/kubelet" "$KUBELET_BIN"
+}
+
+build_coredns() {
+  gobuild coredns "$WORK/coredns" "-s -w" .
+  mv -f "$WORK/coredns/coredns" "$COREDNS_BIN"
+}
+
+# The pause image (containerd's sandbox image) and the probe test image, as OCI layout tars.
+build_images() {
+  local src out="$WORK/images" py
+  mkdir -p "$out"
+  src="$(cd "$HERE/kube" && go mod download -json k8s.io/kubernetes | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -f "$src/build/pause/linux/pause.c" ]] || { echo "pause.c not found in the module cache ($src)"; return 1; }
+  nice -n "$NICE" gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_TAG" -o "$out/pause" "$src/build/pause/linux/pause.c"
+  gobuild testimage "$out" "-s -w" .
+  mv "$out/testimage" "$out/probe"
+  py="$(command -v python3)"
+  "$py" "$HERE/testcluster/ociimage.py" "$out/pause.tar" "kfp-trainer.test/pause:$PAUSE_TAG" --file "$out/pause:/pause" --entrypoint /pause
+  "$py" "$HERE/testcluster/ociimage.py" "$out/probe.tar" "kfp-trainer.test/probe:$(basename "$IMAGES_DIR" | rev | cut -d- -f1 | rev)" \
+    --file "$out/probe:/probe" --entrypoint /probe
+  mv -f "$out/pause.tar" "$out/probe.tar" "$IMAGES_DIR/"
 }
 
 build_controllers() {
@@ -136,6 +188,9 @@ need etcd etcdctl && jobs_to_run+=(etcd)
 need kwok kwokctl && jobs_to_run+=(kwok)
 [[ -x "$CTRL_BIN" ]] || jobs_to_run+=(controllers)
 need kube-apiserver kube-controller-manager kube-scheduler && jobs_to_run+=(kube)
+[[ -x "$KUBELET_BIN" ]] || jobs_to_run+=(kubelet)
+[[ -x "$COREDNS_BIN" ]] || jobs_to_run+=(coredns)
+[[ -f "$IMAGES_DIR/pause.tar" && -f "$IMAGES_DIR/probe.tar" ]] || jobs_to_run+=(images)
 
 start=$(date +%s)
 declare -A pids=()
@@ -166,7 +221,9 @@ done
 if [[ ${#failed[@]} -gt 0 ]] || ! all_present; then
   echo "build incomplete; missing:" >&2
   for b in "${BINARIES[@]}"; do [[ -x "$BIN_DIR/$b" ]] || echo "  $BIN_DIR/$b" >&2; done
-  [[ -x "$CTRL_BIN" ]] || echo "  $CTRL_BIN" >&2
+  for b in "$CTRL_BIN" "$KUBELET_BIN" "$COREDNS_BIN" "$IMAGES_DIR/pause.tar" "$IMAGES_DIR/probe.tar"; do
+    [[ -e "$b" ]] || echo "  $b" >&2
+  done
   report
   exit 1
 fi

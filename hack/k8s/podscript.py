@@ -20,6 +20,9 @@ At a crash (CrashLoopBackOff) the current file becomes the previous one
 Everything it needs is on the pods and on disk, so it survives its own restarts and the
 API server's: any connection error ends in a relist after a short pause.
 
+Pods bound to a node without the annotation ``kwok.x-k8s.io/node: fake`` (the real node,
+whose kubelet runs them) are left alone.
+
     podscript.py --kubeconfig K --logs-dir D --kwok-port P
 """
 
@@ -41,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from testcluster import scripting  # noqa: E402
 
 log = logging.getLogger("podscript")
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 RETRY = 0.5
 
 
@@ -102,6 +106,7 @@ class PodScripter:
         self.lock = threading.Lock()
         self.busy: set[tuple[str, str]] = set()  # (uid, task) being worked on
         self.known: dict[str, tuple[str, str]] = {}  # uid -> (namespace, name)
+        self.fake_nodes: dict[str, bool] = {}  # node name -> played by KWOK
         self.stop = threading.Event()
 
     # ------------------------------------------------------------------ watch
@@ -135,6 +140,9 @@ class PodScripter:
                         rv = None
                         break
                     obj = ev["object"]
+                    if isinstance(obj, dict):  # a bookmark the client did not turn into a V1Pod
+                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        continue
                     rv = obj.metadata.resource_version or rv
                     if ev["type"] != "BOOKMARK":
                         try:
@@ -156,7 +164,7 @@ class PodScripter:
         if typ == "DELETED":
             self.forget(md.uid)
             return
-        if md.deletion_timestamp is not None:
+        if md.deletion_timestamp is not None or not self.is_fake_node(pod.spec.node_name):
             return
         self.known[md.uid] = (md.namespace, md.name)
         ann = md.annotations or {}
@@ -173,6 +181,21 @@ class PodScripter:
         waiting = first.state.waiting if first.state else None
         if waiting and waiting.reason == "CrashLoopBackOff" and ann.get(scripting.LOG_READY) == str(n):
             self.spawn(md.uid, f"rotate-{n}", self.rotate, pod, n)
+
+    def is_fake_node(self, name: str) -> bool:
+        """Whether KWOK plays node ``name`` (annotated ``kwok.x-k8s.io/node: fake``); a real
+        kubelet runs the pods of any other."""
+        if name not in self.fake_nodes:
+            from kubernetes.client.rest import ApiException
+
+            try:
+                node = self.core.read_node(name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                return False  # not registered yet: ask again at the pod's next event
+            self.fake_nodes[name] = (node.metadata.annotations or {}).get(FAKE_NODE_ANNOTATION) == "fake"
+        return self.fake_nodes[name]
 
     def spawn(self, uid: str, task: str, fn, *args) -> None:
         key = (uid, task)

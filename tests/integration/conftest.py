@@ -7,6 +7,8 @@ the real Kubeflow Trainer and JobSet controllers, pods played by KWOK.
   are skipped otherwise, with the reason. Feature gates of the controllers come from
   ``KFP_TRAINER_FEATURE_GATES`` (``TrainJobStatus=true``); a test may switch them with
   ``cluster.restart_controllers(feature_gates=...)``.
+* ``real_node`` (session): the machine's real node (a kubelet with containerd and CoreDNS,
+  ``testcluster.realnode``), started with the cluster when a selected test asks for it.
 * ``namespace`` (function): a fresh namespace, deleted afterwards.
 * What a pod does is scripted on the pod: ``PodScript(...).annotations()`` as the
   launcher's ``pod_annotations`` (docs/controlplane.md, "Scripting pods").
@@ -35,9 +37,10 @@ from helpers import wait_for  # noqa: E402  (tests/integration/helpers.py)
 
 _IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _BUILD_ERROR: str | None = None
+_WANT_REAL_NODE = False  # a selected test runs real pods
 _CLUSTER: testcluster.TestCluster | None = None
 # Component logs attached to a failing test's report (last lines of each).
-_REPORTED_LOGS = ("controllers", "podscript", "kwok-controller", "kube-controller-manager")
+_REPORTED_LOGS = ("controllers", "podscript", "kwok-controller", "kube-controller-manager", "kubelet", "containerd", "coredns")
 
 
 def _unavailable(reason: str):
@@ -63,7 +66,8 @@ def pytest_collection_modifyitems(session, config, items):
 
     Done here, not in the fixture, so a cold build (~20 min on 2 cores) is not cut short by the
     per-test timeout (pytest-timeout counts fixture setup)."""
-    global _BUILD_ERROR
+    global _BUILD_ERROR, _WANT_REAL_NODE
+    _WANT_REAL_NODE = any("real_node" in getattr(i, "fixturenames", ()) for i in items)
     if not any("cluster" in getattr(i, "fixturenames", ()) for i in items):
         return
     tr = config.pluginmanager.get_plugin("terminalreporter")
@@ -100,7 +104,8 @@ def cluster():
     reuse = os.environ.get("KFP_TRAINER_REUSE_CLUSTER", "") in ("1", "true", "yes")
     # Without reuse every session runs its own cluster (<name>-<pid>), so parallel sessions
     # never delete each other's; clusters of dead sessions are removed on start.
-    c = testcluster.TestCluster(verbose=verbose, reuse=reuse, unique=not reuse)
+    # The real node (one per machine) only when a selected test runs real pods.
+    c = testcluster.TestCluster(verbose=verbose, reuse=reuse, unique=not reuse, real_node=_WANT_REAL_NODE)
     try:
         c.start(build=True)
     except testcluster.BinariesUnavailable as e:
@@ -119,6 +124,17 @@ def cluster():
         _CLUSTER = None
         if not c.reuse:
             c.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster):
+    """The real node of the session's cluster (``testcluster.realnode.RealNode``): pods that
+    tolerate its taint and select its label (``realnode.pod_spec_for_real_node()``) run there
+    as real containers; ``real_node.image("probe")`` is the test image."""
+    node = cluster.real_node
+    if not node.running():
+        pytest.fail(f"the real node is not running (logs: {node.logs_dir})", pytrace=False)
+    return node
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,13 +60,15 @@ def test_dockerfile_builds_a_wheel_then_a_pinned_non_root_image(path):
     assert "ADD" not in kinds, f"{path.name}: COPY, not ADD"
     for c in (c for stage in parts for c in stage if c.cmd.upper() == "COPY"):
         if any(f.startswith("--from=") for f in c.flags):
-            assert c.flags == ("--from=build",) and c.value == ("/wheels", "/wheels")
+            # the dependency list (a layer of its own, cached while the sources change), then the wheel
+            assert c.flags == ("--from=build",) and c.value in (("/src/requirements.txt", "/tmp/requirements.txt"), ("/wheels", "/wheels"))
             continue
         for source in c.value[:-1]:
             assert (REPO / source).exists(), f"{path.name}: COPY source {source} is not in the repository"
     assert "pip wheel" in " ".join(c.value[0] for c in build if c.cmd.upper() == "RUN")
     runs = " ".join(c.value[0] for c in image if c.cmd.upper() == "RUN")
     assert "/wheels/kfp_trainer-" in runs and "--no-cache-dir" in runs and "rm -rf /wheels" in runs
+    assert "--no-deps /wheels/kfp_trainer-" in runs and "-r /tmp/requirements.txt" in runs, f"{path.name}: dependencies, then the wheel"
     assert "python -c" in runs and "kfp_trainer" in runs, f"{path.name}: the build should prove the package imports"
     users = [c.value[0] for c in image if c.cmd.upper() == "USER"]
     assert users and re.fullmatch(r"[1-9][0-9]*", users[-1]), f"{path.name}: USER must be a numeric non-root UID for runAsNonRoot"
@@ -85,26 +87,34 @@ def image_run_steps(path: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_component_image_recipe_installs_the_wheel_in_a_clean_virtualenv_without_torch(tmp_path):
-    wheels, venv = tmp_path / "wheels", tmp_path / "venv"
+    wheels, venv, src = tmp_path / "wheels", tmp_path / "venv", tmp_path / "src"
     _, ((_, *build), (_, *image)) = stages(REPO / "deploy" / "Dockerfile.component")
     extras = next(c.value[0] for c in image if c.cmd.upper() == "ARG" and c.value[0].startswith("EXTRAS=")).split("=", 1)[1].strip('"')
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    # stage 1, as written (pip wheel ... --wheel-dir /wheels .), into a scratch folder
-    wheel_step = next(c.value[0] for c in build if c.cmd.upper() == "RUN").replace("/wheels", str(wheels))
-    subprocess.run([sys.executable, "-m", *shlex.split(wheel_step)], cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
-    (wheel,) = wheels.glob("kfp_trainer-*.whl")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
+    # stage 1, as written (the dependency list, pip wheel ... --wheel-dir /wheels .), in a copy of the sources
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    shutil.copytree(REPO / "kfp_trainer", src / "kfp_trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    for c in build:
+        if c.cmd.upper() == "RUN":
+            command = c.value[0].replace("/wheels", str(wheels))
+            subprocess.run(command, shell=True, cwd=src, env=env, check=True, capture_output=True, timeout=600)
+    (wheel,) = wheels.glob("kfp_trainer-*.whl")
+    assert "kfp>=2.17.3,<2.18" in (src / "requirements.txt").read_text().splitlines()
     ran = []
     for step in image_run_steps(REPO / "deploy" / "Dockerfile.component"):
-        if step.startswith(("useradd", "rm -rf")):
+        if step.startswith(("useradd", "rm ")):
             continue  # changes this machine's users / the scratch folder: the image's business
         # --no-cache-dir keeps the image small; here the machine's pip cache may serve the same files
-        command = step.replace("/wheels/kfp_trainer-*.whl", str(wheel)).replace("${EXTRAS}", extras).replace(" --no-cache-dir", "")
+        command = (step.replace("/wheels/kfp_trainer-*.whl", str(wheel)).replace("/tmp/requirements.txt", str(src / "requirements.txt"))
+                   .replace("${EXTRAS}", extras).replace(" --no-cache-dir", ""))
         done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
         ran.append(command.split()[0])
-    assert ran == ["pip", "python", "python"]  # the install and both of the recipe's checks ran
+    assert ran == ["pip", "pip", "python", "python"]  # both installs and both of the recipe's checks ran
     installed = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=freeze"], capture_output=True, text=True, check=True).stdout
     assert "kfp-trainer==" in installed and "torch==" not in installed and "kfp==2.17" in installed
     cli = subprocess.run([str(venv / "bin" / "kfp-trainer"), "render", "--runtime", "torch-distributed", "--run-id", "r1",

@@ -95,3 +95,74 @@ def test_unschedulable_and_image_problems_of_pending_pods():
 def test_the_same_reason_is_reported_once():
     many = [event("Job", "train-abc-node-0", "FailedCreate", f"try {i}", when=f"2026-05-01T10:00:0{i}Z") for i in range(5)]
     assert len(blockers(Tracker(many))) == 1
+
+
+def pulling(reason, message):
+    return {
+        "metadata": {"name": "train-abc-node-0-0-q"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [{"name": "node", "state": {"waiting": {"reason": reason, "message": message}}}],
+        },
+    }
+
+
+MISSING = (
+    'failed to pull and unpack image "reg.example/none:1": failed to resolve reference "reg.example/none:1": '
+    'failed to do request: Head "https://reg.example/v2/none/manifests/1": dial tcp: lookup reg.example: no such host'
+)
+
+
+def test_a_pull_of_an_image_that_is_not_there_is_fatal_and_one_blocker_through_the_kubelets_retries():
+    # The kubelet alternates ErrImagePull (a pull) and ImagePullBackOff (waiting to retry); both
+    # are one blocker, so its time adds up instead of starting over at each switch.
+    first = pod_blockers(pulling("ErrImagePull", MISSING))
+    retry = pod_blockers(pulling("ImagePullBackOff", f'Back-off pulling image "reg.example/none:1": ErrImagePull: {MISSING}'))
+    assert [b.reason for b in first] == [b.reason for b in retry] == ["ErrImagePull"]
+    assert first[0].fatal and retry[0].fatal
+    assert "no such host" in first[0].message and retry[0].message.startswith("pod train-abc-node-0-0-q container node: ImagePullBackOff: ")
+    for missing in (
+        "rpc error: code = NotFound desc = failed to pull: not found",
+        "manifest unknown",
+        "pull access denied, repository does not exist",
+    ):
+        assert pod_blockers(pulling("ErrImagePull", missing))[0].fatal, missing
+
+
+def test_a_pull_that_may_work_later_is_waited_out():
+    for transient in (
+        "dial tcp 10.0.0.1:443: i/o timeout",
+        "unexpected status code 503 Service Unavailable",
+        "toomanyrequests: rate limit",
+    ):
+        (blocker,) = pod_blockers(pulling("ErrImagePull", transient))
+        assert not blocker.fatal, transient
+    assert not pod_blockers(pulling("ImagePullBackOff", 'Back-off pulling image "x"'))[0].fatal
+
+
+def test_the_diagnosis_names_the_node_and_container_of_a_failed_pod():
+    from kubernetes import client
+
+    from kfp_trainer.backends.kube.inspect import pod_summary
+
+    def status(name, **state):
+        return client.V1ContainerStatus(
+            name=name, image="i", image_id="", ready=False, restart_count=1, state=client.V1ContainerState(**state)
+        )
+
+    crashed = status("node", waiting=client.V1ContainerStateWaiting(reason="CrashLoopBackOff"))
+    crashed.last_state = client.V1ContainerState(terminated=client.V1ContainerStateTerminated(exit_code=137, reason="OOMKilled"))
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="train-abc-node-0-1-x"),
+        spec=client.V1PodSpec(containers=[], node_name="gpu-7"),
+        status=client.V1PodStatus(
+            phase="Running", container_statuses=[status("sidecar", running=client.V1ContainerStateRunning()), crashed]
+        ),
+    )
+    line, failing = pod_summary(pod)
+    assert line == "  train-abc-node-0-1-x: Running on node gpu-7; sidecar: running, restarts 1; node: exit 137 (OOMKilled), restarts 1"
+    assert failing == ("train-abc-node-0-1-x", "node", True)  # its log: the previous instance's
+    unscheduled = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="p"), spec=client.V1PodSpec(containers=[]), status=client.V1PodStatus(phase="Pending")
+    )
+    assert pod_summary(unscheduled) == ("  p: Pending; ", None)

@@ -20,6 +20,7 @@ from .binaries import Binaries, ClusterError, cache_root, trainer_manifests
 from .components import Controllers, KubeletFront, PodScripting, parse_gates
 from .gc import GcProbe
 from .procs import read_pid, restart_kwokctl_component
+from .realnode import RealNode
 
 DEFAULT_CLUSTER_NAME = "kfp-trainer-test"
 KWOKCTL_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
@@ -46,13 +47,19 @@ class ClusterBase:
         verbose: bool = False,
         feature_gates: Mapping[str, bool] | None = None,
         audit_policy: Path | None = None,
+        real_node: bool | None = None,
+        real_node_wait: float | None = None,
     ) -> None:
         """``unique``: name the cluster ``<name>-<pid>`` so concurrent test sessions never share
         (or delete) each other's cluster; clusters left by dead sessions are removed on start.
         ``feature_gates``: of the Trainer/JobSet controllers (default: ``KFP_TRAINER_FEATURE_GATES``).
         ``audit_policy``: an audit policy file (``audit.k8s.io/v1`` Policy); the API server then
         writes its audit log (JSON lines) to :attr:`audit_log`. Applies to a cluster this object
-        creates, not to a reused one."""
+        creates, not to a reused one.
+        ``real_node``: also run the machine's real node (kubelet, containerd, CoreDNS:
+        :mod:`.realnode`); default ``KFP_TRAINER_REAL_NODE`` (``0`` turns it off), on.
+        ``real_node_wait``: seconds to wait for the real node while another cluster has it
+        (default ``KFP_TRAINER_REAL_NODE_WAIT`` or 600), then fail."""
         self.base_name = name or os.environ.get("KFP_TRAINER_CLUSTER_NAME", DEFAULT_CLUSTER_NAME)
         self.unique = unique
         self.root = Path(root) if root else cache_root() / "clusters"
@@ -65,12 +72,17 @@ class ClusterBase:
         self.verbose = verbose
         self.feature_gates = dict(env_feature_gates() if feature_gates is None else feature_gates)
         self.audit_policy = Path(audit_policy) if audit_policy else None
+        if real_node is None:
+            real_node = os.environ.get("KFP_TRAINER_REAL_NODE", "1") not in ("0", "false", "no")
+        self.want_real_node = real_node
+        self.real_node_wait = float(real_node_wait if real_node_wait is not None else os.environ.get("KFP_TRAINER_REAL_NODE_WAIT", 600))
         self.timings: dict[str, float] = {}
         self.ports = kwok.Ports()
         self._bin: Binaries | None = None
         self._api_client = None
         self._lock_fd: int | None = None
         self._gc: GcProbe | None = None
+        self._real_node: RealNode | None = None
 
     def _set_name(self, name: str) -> None:
         self.name = name
@@ -133,6 +145,14 @@ class ClusterBase:
             p.status_server,
             self.feature_gates,
         )
+
+    @property
+    def real_node(self) -> RealNode:
+        """The machine's real node (:class:`.realnode.RealNode`), as this cluster's."""
+        assert self._bin is not None
+        if self._real_node is None or self._real_node.cluster_name != self.name:
+            self._real_node = RealNode(self.name, self.cluster_dir, self._bin, log=self._log)
+        return self._real_node
 
     def restart_controllers(self, feature_gates: Mapping[str, bool] | None = None) -> None:
         """Stop the Trainer/JobSet controllers and start them again (with other feature gates)."""

@@ -27,10 +27,14 @@ class BinariesUnavailable(ClusterError):
 
 @dataclasses.dataclass(frozen=True)
 class Binaries:
-    """The Kubernetes, etcd and kwok binaries (``bin_dir``) and the controllers binary."""
+    """The Kubernetes, etcd and kwok binaries (``bin_dir``), the controllers binary and the
+    real node's pieces: the kubelet, CoreDNS and the node images (``pause.tar``, ``probe.tar``)."""
 
     bin_dir: Path
     controllers: Path
+    kubelet: Path | None = None
+    coredns: Path | None = None
+    node_images: Path | None = None
 
     def __truediv__(self, name: str) -> Path:
         return self.bin_dir / name
@@ -80,11 +84,15 @@ def binaries(build: bool = False, log: TextIO | None = None) -> Binaries:
     rc = proc.wait()
     t.join(5)
     lines = out.strip().splitlines()
-    controllers = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("CONTROLLERS_BIN=")), "")
+    named = dict(ln.split("=", 1) for ln in lines if "=" in ln)
+    controllers = named.get("CONTROLLERS_BIN", "")
     if rc != 0 or not lines or not controllers:
         where = lines[-1] if lines else "(unknown)"
         tail = "".join(err_lines[-15:]).strip()
         raise BinariesUnavailable(
             f"control plane binaries not available in {where} (hack/k8s/build.sh exited {rc})" + (f":\n{tail}" if tail else "")
         )
-    return Binaries(Path(lines[-1]), Path(controllers))
+    extra = {
+        f: Path(named[k]) for f, k in (("kubelet", "KUBELET_BIN"), ("coredns", "COREDNS_BIN"), ("node_images", "NODE_IMAGES")) if k in named
+    }
+    return Binaries(Path(lines[-1]), Path(controllers), **extra)

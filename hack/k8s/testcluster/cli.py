@@ -6,17 +6,18 @@ import argparse
 import json
 import sys
 
-from .binaries import binaries
+from .binaries import ClusterError, binaries
 from .cluster import TestCluster
 from .components import parse_gates
 
 USAGE = """\
     python hack/k8s/cluster.py up       # build if needed, start (or reuse), print the kubeconfig path
     python hack/k8s/cluster.py status   # print state and kubeconfig path; exit 1 if not running
-    python hack/k8s/cluster.py down     # delete the cluster, verify no process is left
+    python hack/k8s/cluster.py down     # delete the cluster (and its real node), verify nothing is left
     python hack/k8s/cluster.py build    # only build the binaries
 
     up --feature-gates TrainJobStatus=true   # gates of the Trainer/JobSet controllers
+    up --no-real-node                        # without the real node (kubelet, containerd, CoreDNS)
 
 Environment: KFP_TRAINER_CACHE, KFP_TRAINER_CRDS_DIR, KFP_TRAINER_JOBSET_DIR,
 KFP_TRAINER_CLUSTER_NAME, KFP_TRAINER_FEATURE_GATES (see docs/controlplane.md).
@@ -28,10 +29,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("command", choices=["up", "down", "status", "build"])
     ap.add_argument("--name", default=None)
     ap.add_argument("--feature-gates", default=None, help="Name=true,... for the Trainer/JobSet controllers")
+    ap.add_argument("--no-real-node", action="store_true", help="up: start the cluster without the real node")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     gates = parse_gates(args.feature_gates) if args.feature_gates is not None else None
-    c = TestCluster(args.name, reuse=True, verbose=args.verbose or args.command == "up", feature_gates=gates)
+    real_node = False if args.no_real_node else None
+    c = TestCluster(args.name, reuse=True, verbose=args.verbose or args.command == "up", feature_gates=gates, real_node=real_node)
     if args.command == "build":
         b = binaries(build=True, log=sys.stderr)
         print(b.bin_dir)
@@ -45,7 +48,11 @@ def main(argv: list[str]) -> int:
         print(c.kubeconfig)
         return 0
     if args.command == "down":
-        c.stop()
+        try:
+            c.stop()
+        except ClusterError as e:
+            print(f"cluster {c.name}: {e}", file=sys.stderr)
+            return 1
         left = c.leftover_processes()
         if left:
             print(f"left behind: {left}", file=sys.stderr)

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from . import crds, kwok, objects
+from . import crds, kwok, objects, realnode
 from .base import DEFAULT_CLUSTER_NAME, ClusterBase, env_feature_gates
 from .binaries import BinariesUnavailable, ClusterError, binaries, jobset_manifests
 from .gc import GcProbe, restart_controller_manager
@@ -43,6 +43,8 @@ class TestCluster(ClusterBase):
             self.timings["reused"] = 1
             self._load_state()
             self._start_components()
+            if self.want_real_node and not self.real_node.running():
+                self._start_real_node()
             self._gc = GcProbe(self.api_client, self._started_at)
             return self
         self.root.mkdir(parents=True, exist_ok=True)
@@ -60,7 +62,7 @@ class TestCluster(ClusterBase):
         self.ports = kwok.Ports.pick()
         try:
             with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=self.root) as f:
-                yaml.safe_dump_all(kwok.config(self._bin, self.ports, audit_policy=self.audit_policy), f)
+                yaml.safe_dump_all(kwok.config(self._bin, self.ports, self.cluster_dir, audit_policy=self.audit_policy), f)
             try:
                 self._kwokctl(
                     "create",
@@ -89,6 +91,8 @@ class TestCluster(ClusterBase):
             restart_controller_manager(self.cluster_dir)
             t = self._timed("nodes_crds_kcm_s", t)
             self._start_components()
+            if self.want_real_node:
+                self._start_real_node()
         except BaseException:
             with contextlib.suppress(Exception):
                 self.stop()
@@ -96,6 +100,13 @@ class TestCluster(ClusterBase):
         self._timed("start_total_s", t0)
         self._gc = GcProbe(self.api_client, self._started_at)
         return self
+
+    def _start_real_node(self) -> None:
+        t = time.monotonic()
+        node = self.real_node
+        node.start(self.server, wait=self.real_node_wait)
+        self.timings.update({f"real_node_{k}": v for k, v in node.timings.items()})
+        self._timed("real_node_s", t)
 
     def _install_crds(self) -> None:
         paths = sorted((self.trainer_dir / "crds").glob("*.yaml")) + sorted(jobset_manifests().glob("*.yaml"))
@@ -161,6 +172,13 @@ class TestCluster(ClusterBase):
             with contextlib.suppress(Exception):
                 self._api_client.close()
             self._api_client = None
+        # The real node first, if this cluster owns it (it checks that it left nothing behind).
+        real_node_error: ClusterError | None = None
+        if self._bin is not None and (realnode.owner_of() or {}).get("cluster") == self.name:
+            try:
+                self.real_node.stop(forget_pods=False)
+            except ClusterError as e:
+                real_node_error = e
         # Our components first (they would only retry against a stopping API server).
         components = [int(p.read_text()) for p in self.root.glob(f"{self.name}.*.pid") if p.read_text().strip().isdigit()]
         left = terminate(components)
@@ -174,6 +192,8 @@ class TestCluster(ClusterBase):
         left += terminate([p for p in kwokctl_pids if pid_alive(p)] + strays)
         if left:
             raise ClusterError(f"processes left behind: {left}")
+        if real_node_error is not None:
+            raise real_node_error
         if not keep_lock:
             if self._lock_fd is None and self.root.is_dir():
                 self._lock()  # best effort: removes a lock file left by `cluster.py up`
@@ -221,9 +241,13 @@ class TestCluster(ClusterBase):
 
     # ------------------------------------------------------------------ misc
     def component_logs(self) -> dict[str, Path]:
-        """Every component's log file (kwokctl's, the controllers', the front's, pod scripting's)."""
+        """Every component's log file (kwokctl's, the controllers', the front's, pod scripting's;
+        the real node's kubelet, containerd and CoreDNS while this cluster owns it)."""
         d = self.cluster_dir / "logs"
-        return {p.stem: p for p in d.glob("*.log")} if d.is_dir() else {}
+        logs = {p.stem: p for p in d.glob("*.log")} if d.is_dir() else {}
+        if (realnode.owner_of() or {}).get("cluster") == self.name:
+            logs.update({p.stem: p for p in (realnode.base_dir() / "logs").glob("*.log")})
+        return logs
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -236,6 +260,7 @@ class TestCluster(ClusterBase):
             "feature_gates": self.feature_gates,
             "trainer_dir": str(self.trainer_dir),
             "timings": {k: round(v, 2) for k, v in self.timings.items()},
+            "real_node": self.real_node.describe() if self._bin and self.real_node.running() else None,
         }
 
     def __enter__(self) -> TestCluster:

@@ -12,6 +12,7 @@ from .binaries import KUBE_VERSION, Binaries
 from .procs import free_port
 
 STAGES_DIR = Path(__file__).resolve().parent / "stages"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"  # "fake" on the KWOK nodes; the real node has none
 
 _A = "(.metadata.annotations // {})"
 _INSTANCE = "(.status.containerStatuses[0].restartCount // 0)"
@@ -52,23 +53,31 @@ class Ports:
         return cls(**{f.name: free_port() for f in dataclasses.fields(cls)})
 
 
-def stages() -> list[dict]:
-    """Every KWOK stage of the cluster (nodes, pods, volumes); they replace kwok's defaults."""
+DEFAULT_VOLUMES_DIR = Path("/var/lib/kfp-trainer-test/volumes")
+
+
+def stages(volumes_dir: Path = DEFAULT_VOLUMES_DIR) -> list[dict]:
+    """Every KWOK stage of the cluster (nodes, pods, volumes); they replace kwok's defaults.
+    ``volumes_dir``: where the provisioner's host-path volumes live (made when a pod of the
+    real node mounts one)."""
     docs: list[dict] = []
     for path in sorted(STAGES_DIR.glob("*.yaml")):
         text = path.read_text()
-        for name, expression in JQ_MACROS.items():
+        for name, expression in {**JQ_MACROS, "volumes_dir": str(volumes_dir)}.items():
             text = text.replace(f"@{name}@", expression)
         docs += yaml.safe_load(text)
     return docs
 
 
-def config(b: Binaries, ports: Ports, audit_policy: Path | None = None) -> list[dict]:
+def config(b: Binaries, ports: Ports, cluster_dir: Path, audit_policy: Path | None = None) -> list[dict]:
     """The kwokctl configuration documents (KwokctlConfiguration, KwokConfiguration, Stages).
 
+    ``cluster_dir``: the cluster's directory (kwokctl's certificates in ``pki/``; the
+    volumes the provisioner gives claims in ``volumes/``).
     ``audit_policy``: kwokctl copies it into the cluster's directory and starts the API server
     with ``--audit-policy-file`` and ``--audit-log-path=<cluster dir>/logs/audit.log``.
     """
+    pki = cluster_dir / "pki"
     options = {
         "runtime": "binary",
         "bindAddress": "127.0.0.1",
@@ -108,6 +117,10 @@ def config(b: Binaries, ports: Ports, audit_policy: Path | None = None) -> list[
                     {"key": "advertise-address", "value": "127.0.0.1"},
                     # Reach "kubelets" (the kubelet front) by the node's InternalIP only.
                     {"key": "kubelet-preferred-address-types", "value": "InternalIP"},
+                    # A real kubelet (the real node) authenticates the API server by a client
+                    # certificate of the cluster's CA (logs, exec).
+                    {"key": "kubelet-client-certificate", "value": str(pki / "admin.crt")},
+                    {"key": "kubelet-client-key", "value": str(pki / "admin.key")},
                 ],
             },
             {
@@ -129,6 +142,9 @@ def config(b: Binaries, ports: Ports, audit_policy: Path | None = None) -> list[
                     {"key": "node-ip", "value": "127.0.0.1"},
                     # Nodes advertise the kubelet front (logfront.py) as their kubelet port.
                     {"key": "node-port", "value": str(ports.front)},
+                    # Only the fake nodes (annotated so): never the real node's pods.
+                    {"key": "manage-all-nodes", "value": "false", "override": True},
+                    {"key": "manage-nodes-with-annotation-selector", "value": f"{FAKE_NODE_ANNOTATION}=fake"},
                 ],
             },
         ],
@@ -150,4 +166,4 @@ def config(b: Binaries, ports: Ports, audit_policy: Path | None = None) -> list[
             "enablePodsOnNodeSyncStreamWatch": False,
         },
     }
-    return [kwokctl, kwok, *stages()]
+    return [kwokctl, kwok, *stages(cluster_dir / "volumes")]

@@ -57,8 +57,11 @@ def processes_under(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def start_daemon(argv: list[str], log_path: Path, pid_path: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
-    """Start ``argv`` in its own session, output appended to ``log_path``, pid in ``pid_path``."""
+def start_daemon(
+    argv: list[str], log_path: Path, pid_path: Path, env: Mapping[str, str] | None = None, pass_fds: tuple[int, ...] = ()
+) -> subprocess.Popen:
+    """Start ``argv`` in its own session, output appended to ``log_path``, pid in ``pid_path``;
+    ``pass_fds``: descriptors it inherits (a lock it then holds too)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(
@@ -68,6 +71,7 @@ def start_daemon(argv: list[str], log_path: Path, pid_path: Path, env: Mapping[s
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             env=dict(env) if env is not None else None,
+            pass_fds=pass_fds,
         )
     pid_path.write_text(str(proc.pid))
     return proc

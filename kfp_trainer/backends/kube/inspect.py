@@ -11,7 +11,11 @@ report there, not on the TrainJob) and from pod states:
   ``HeadlessServiceCreationFailed`` (JobSet), ``FailedCreate`` (Job: pods refused by
   PodSecurity admission, a ResourceQuota, a LimitRange or a webhook) -- the event's message
   says why;
-* waited out (``blocker_grace``): unschedulable pods, images that cannot be pulled.
+* waited out (``blocker_grace``): unschedulable pods, images that cannot be pulled -- unless
+  the pull error says the image is not there (``not found``, ``manifest unknown``, a registry
+  name that does not resolve, ...): then waiting cannot help and it is fatal. ``ErrImagePull``
+  and ``ImagePullBackOff`` alternate while the kubelet retries; both are one blocker
+  (``ErrImagePull``), so its time adds up.
 
 While the job waits suspended in a Kueue queue, :func:`queue_notes` tells what Kueue says
 about it: the events of its ``Workload`` (``Pending: couldn't assign flavors ...``,
@@ -44,6 +48,10 @@ IMAGE_ERRORS = {
     "CreateContainerError": False,
     "ErrImageNeverPull": True,
 }
+PULL_RETRIED = ("ErrImagePull", "ImagePullBackOff")  # one problem: the kubelet's pull, retried
+# A pull error that says the image is not there: the registry answered "no such image", or its
+# name does not resolve. Retrying the same reference cannot help.
+_IMAGE_MISSING = re.compile(r"not ?found|manifest unknown|name unknown|no such host|does not exist|pull access denied", re.IGNORECASE)
 CANNOT_START_EVENTS = {
     "TrainJobResourcesCreationFailed": "TrainJob",
     "JobCreationFailed": "JobSet",
@@ -154,8 +162,10 @@ class JobTracker:
                 self.api,
                 f"/api/v1/namespaces/{self.ref.namespace}/events",
                 [("fieldSelector", "involvedObject.kind=Workload")],
-                keep=lambda event: is_workload_of(str((event.get("involvedObject") or {}).get("name") or ""), self.ref.name)
-                and _second(event_time(event)) >= _second(self.created),
+                keep=lambda event: (
+                    is_workload_of(str((event.get("involvedObject") or {}).get("name") or ""), self.ref.name)
+                    and _second(event_time(event)) >= _second(self.created)
+                ),
                 timeout_seconds=self.timeout_seconds,
                 policy=self.policy,
                 name=f"workload-events-{self.ref.name}",
@@ -221,15 +231,44 @@ def pod_blockers(pod: dict[str, Any]) -> list[Blocker]:
             found.append(Blocker("Unschedulable", f"pod {name}: {condition.get('message')}"))
     for cs in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses") or []):
         waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in IMAGE_ERRORS:
+        reason, message = waiting.get("reason"), str(waiting.get("message") or "")
+        if reason in IMAGE_ERRORS:
+            fatal = IMAGE_ERRORS[reason] or (reason in PULL_RETRIED and bool(_IMAGE_MISSING.search(message)))
             found.append(
                 Blocker(
-                    waiting["reason"],
-                    f"pod {name} container {cs.get('name')}: {waiting.get('message') or ''}",
-                    fatal=IMAGE_ERRORS[waiting["reason"]],
+                    PULL_RETRIED[0] if reason in PULL_RETRIED else reason,
+                    f"pod {name} container {cs.get('name')}: " + (f"{reason}: {message}" if reason == "ImagePullBackOff" else message),
+                    fatal=fatal,
                 )
             )
     return found
+
+
+def pod_summary(pod: client.V1Pod) -> tuple[str, tuple[str, str, bool] | None]:
+    """A pod's line of the diagnosis (phase, node, containers) and its first failed container.
+
+    The failed container is ``(pod, container, restarted since)``: the first that exited
+    non-zero, or None.
+
+    Example:
+        >>> cs = client.V1ContainerStatus(name="node", image="i", image_id="", ready=False, restart_count=0,
+        ...     state=client.V1ContainerState(terminated=client.V1ContainerStateTerminated(exit_code=137, reason="OOMKilled")))
+        >>> pod = client.V1Pod(metadata=client.V1ObjectMeta(name="tj-node-0-0-x"), spec=client.V1PodSpec(containers=[], node_name="n1"),
+        ...     status=client.V1PodStatus(phase="Failed", container_statuses=[cs]))
+        >>> pod_summary(pod)
+        ('  tj-node-0-0-x: Failed on node n1; node: exit 137 (OOMKilled), restarts 0', ('tj-node-0-0-x', 'node', False))
+    """
+    states = []
+    failing = None
+    for cs in pod.status.container_statuses or []:
+        term = (cs.state.terminated if cs.state else None) or (cs.last_state.terminated if cs.last_state else None)
+        wait = cs.state.waiting if cs.state else None
+        detail = f"exit {term.exit_code} ({term.reason})" if term else (wait.reason if wait else "running")
+        states.append(f"{cs.name}: {detail}, restarts {cs.restart_count}")
+        if term and term.exit_code and failing is None:
+            failing = (pod.metadata.name, cs.name, bool(cs.state.waiting or cs.state.running))
+    where = f" on node {pod.spec.node_name}" if pod.spec and pod.spec.node_name else ""
+    return f"  {pod.metadata.name}: {pod.status.phase}{where}; " + "; ".join(states), failing
 
 
 def diagnose(api: ApiClient, ref: JobRef, *, tail: int = 40, created: str = "", policy: RetryPolicy = RetryPolicy()) -> str:
@@ -245,15 +284,9 @@ def diagnose(api: ApiClient, ref: JobRef, *, tail: int = 40, created: str = "", 
     failing = None
     pod_lines = []
     for pod in sorted(pods, key=lambda p: p.metadata.name):
-        states = []
-        for cs in pod.status.container_statuses or []:
-            term = (cs.state.terminated if cs.state else None) or (cs.last_state.terminated if cs.last_state else None)
-            wait = cs.state.waiting if cs.state else None
-            detail = f"exit {term.exit_code} ({term.reason})" if term else (wait.reason if wait else "running")
-            states.append(f"{cs.name}: {detail}, restarts {cs.restart_count}")
-            if term and term.exit_code and failing is None:
-                failing = (pod.metadata.name, cs.name, bool(cs.state.waiting or cs.state.running))
-        pod_lines.append(f"  {pod.metadata.name}: {pod.status.phase}; " + "; ".join(states))
+        line, failed = pod_summary(pod)
+        pod_lines.append(line)
+        failing = failing or failed
     if pod_lines:
         parts.append("Pods:\n" + "\n".join(pod_lines))
     try:

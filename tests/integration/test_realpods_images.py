@@ -1,0 +1,190 @@
+"""The project's images (built here from deploy/Dockerfile.*, hack/k8s/images.py) in real pods on
+the test cluster's real node: the ``train_job`` step itself runs in a pod of the component image
+with the pod's service account (bound only by deploy/rbac.yaml) and in-cluster configuration, and
+launches a TrainJob whose trainer pods run the trainer image on the same node."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+from kubernetes import client
+from realpods import on_real_node, wait_phase
+from test_rbac import SA, rbac_docs
+from testcluster import realnode
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "hack" / "k8s"))
+
+import images  # noqa: E402  (hack/k8s/images.py)
+
+GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
+
+
+@pytest.fixture(scope="module")
+def image_refs(real_node):
+    """Both images imported into the real node's containerd (skipped when that digest is there)."""
+    socket = str(real_node.containerd.socket)
+    refs = {}
+    for name in images.IMAGES:
+        started = time.monotonic()
+        image, imported = images.import_into(name, socket)
+        print(f"{image.ref}: {'imported' if imported else 'already there'} in {time.monotonic() - started:.1f} s")
+        refs[name] = image.ref
+    return refs
+
+
+@pytest.fixture
+def launcher_account(cluster, api_client, namespace):
+    """The ``pipeline-runner`` service account in ``namespace`` with deploy/rbac.yaml's rights and no others."""
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    client.CoreV1Api(api_client).create_namespaced_service_account(namespace, {"metadata": {"name": SA}})
+    suffix = uuid.uuid4().hex[:8]
+    cleanup = []
+    for doc in rbac_docs(namespace, suffix):
+        kind = doc["kind"]
+        if kind == "Role":
+            rbac.create_namespaced_role(namespace, doc)
+        elif kind == "RoleBinding":
+            rbac.create_namespaced_role_binding(namespace, doc)
+        elif kind == "ClusterRole":
+            rbac.create_cluster_role(doc)
+            cleanup.append((rbac.delete_cluster_role, doc["metadata"]["name"]))
+        else:
+            rbac.create_cluster_role_binding(doc)
+            cleanup.append((rbac.delete_cluster_role_binding, doc["metadata"]["name"]))
+    yield SA
+    for delete, name in cleanup:
+        delete(name)
+
+
+def component_container(name: str) -> dict:
+    """The container of a compiled component (components/<name>/component.yaml): command and args."""
+    spec = yaml.safe_load((REPO / "components" / name / "component.yaml").read_text())
+    (executor,) = spec["deploymentSpec"]["executors"].values()
+    return executor["container"]
+
+
+def executor_input(params: dict, outputs: list[str], parameters: list[str], root: str = "/tmp/kfp-outputs") -> str:
+    """What KFP's launcher gives the step's container: parameters and where to write its outputs."""
+    types = {"output_model": "system.Model", "metrics": "system.Metrics", "report": "system.HTML"}
+    return json.dumps({
+        "inputs": {"parameterValues": params},
+        "outputs": {
+            "artifacts": {n: {"artifacts": [{"name": n, "type": {"schemaTitle": types[n]}, "uri": f"{root}/{n}", "metadata": {}}]}
+                          for n in outputs},
+            "parameters": {n: {"outputFile": f"{root}/{n}"} for n in parameters},
+            "outputFile": f"{root}/executor_output.json",
+        },
+    })
+
+
+def run_step_pod(cluster, core, namespace: str, name: str, image: str, container: dict, params: dict, account: str,
+                 timeout: float = 420) -> str:
+    """Runs a compiled step (``container``: command and args) in a pod of ``image`` on the real node, as KFP
+    would: the executor input in its args, the service account's token, in-cluster configuration. Its log."""
+    server = urlparse(cluster.api_client().configuration.host)
+    outputs = ["output_model", "metrics", "report"]
+    args = [a.replace("{{$}}", executor_input(params, outputs, ["trainjob"])) for a in container["args"]]
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": on_real_node({
+            "restartPolicy": "Never", "serviceAccountName": account, "terminationGracePeriodSeconds": 5,
+            # the API server listens on the machine's loopback (no Service network here): the pod shares the host's
+            "hostNetwork": True,
+            "securityContext": {"runAsNonRoot": True},
+            "containers": [{
+                "name": "main", "image": image, "imagePullPolicy": "Never", "command": container["command"], "args": args,
+                "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": server.hostname},
+                        {"name": "KUBERNETES_SERVICE_PORT", "value": str(server.port)},
+                        {"name": "KFP_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+            }],
+        }),
+    }
+    core.create_namespaced_pod(namespace, pod)
+    try:
+        done = wait_phase(core, namespace, name, timeout=timeout)
+    finally:
+        log = core.read_namespaced_pod_log(name, namespace)
+        print(log[-3000:])
+    assert done.spec.node_name == realnode.NODE_NAME
+    return log
+
+
+def step_params(namespace: str, image: str, **extra) -> dict:
+    """The train_job inputs KFP's driver would resolve, with the trainer nodes placed on the real node."""
+    placement = realnode.pod_spec_for_real_node()
+    return {
+        "namespace": namespace, "backend": "kubernetes", "image": image, "node_selector": placement["nodeSelector"],
+        "tolerations": placement["tolerations"], "run_id": str(uuid.uuid4()), "task_name": "train-job", "task_id": "1",
+        "pipeline_name": "real-pods", "start_timeout": 300.0, "delete_after_success": True, **extra,
+    }
+
+
+def trainer_pod_events(core, namespace: str, image: str) -> list[str]:
+    """The trainer pods that started from ``image`` (the kubelet's events)."""
+    events = core.list_namespaced_event(namespace).items
+    return sorted({e.involved_object.name for e in events if e.reason == "Pulled" and image in (e.message or "")})
+
+
+def test_the_train_job_step_runs_in_a_component_image_pod_and_its_trainjob_runs_the_trainer_image(
+    cluster, api_client, namespace, real_node, image_refs, launcher_account
+):
+    core = client.CoreV1Api(api_client)
+    script = "import os, torch, kfp_trainer.trainers.sft; print('trainer ran', os.getuid(), torch.__version__.split('+')[0])"
+    params = step_params(namespace, image_refs["trainer"], num_nodes=1, command=["python", "-c", script])
+    log = run_step_pod(cluster, core, namespace, "train-job-step", image_refs["component"], component_container("train_job"),
+                       params, launcher_account)
+    assert "trainer ran 1000 2." in log, log[-3000:]
+    assert len(trainer_pod_events(core, namespace, image_refs["trainer"])) == 1
+    # delete_after_success: the step removed its TrainJob once it succeeded
+    jobs = client.CustomObjectsApi(api_client).list_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs")["items"]
+    assert jobs == []
+
+
+def test_the_digits_classifier_trains_on_two_real_trainer_nodes(cluster, api_client, namespace, real_node, image_refs, launcher_account):
+    core = client.CoreV1Api(api_client)
+    command = ("python -m kfp_trainer.trainers.digits prepare --output-dir /tmp/digits && "
+               "torchrun -m kfp_trainer.trainers.digits train --dataset-dir /tmp/digits --output-dir /tmp/model --epochs 8")
+    params = step_params(namespace, image_refs["trainer"], num_nodes=2, num_proc_per_node="1", command=["sh", "-c", command])
+    log = run_step_pod(cluster, core, namespace, "digits-step", image_refs["component"], component_container("train_job"),
+                       params, launcher_account)
+    epochs = [json.loads(line[line.index("{"):]) for line in log.splitlines() if '"val_accuracy"' in line]
+    assert [e["epoch"] for e in epochs] == list(range(1, 9)), log[-3000:]
+    assert epochs[-1]["val_accuracy"] > 0.8 and epochs[-1]["loss"] < epochs[0]["loss"]
+    assert len(trainer_pod_events(core, namespace, image_refs["trainer"])) == 2  # both nodes ran the trainer image
+
+
+def test_a_trainjob_component_function_runs_in_real_trainer_pods(cluster, api_client, namespace, real_node, image_refs,
+                                                                 launcher_account, tmp_path):
+    from kfp import compiler
+
+    from kfp_trainer.components import trainjob_component
+
+    def fit(epochs: int = 2):
+        """Prints a loss per epoch from a real trainer pod."""
+        import json
+        import os
+
+        import torch
+
+        for epoch in range(epochs):
+            print(json.dumps({"epoch": epoch, "loss": 1.0 / (epoch + 1)}), flush=True)
+        print("function ran", os.getuid(), torch.__version__.split("+")[0], os.environ.get("WORLD_SIZE"), flush=True)
+
+    component = trainjob_component(fit, num_nodes=1, num_proc_per_node=1, image=image_refs["trainer"])
+    compiler.Compiler().compile(component, str(tmp_path / "fit.yaml"))
+    (executor,) = yaml.safe_load((tmp_path / "fit.yaml").read_text())["deploymentSpec"]["executors"].values()
+    placement = realnode.pod_spec_for_real_node()
+    params = {"epochs": 3, "backend": "kubernetes", "run_id": str(uuid.uuid4()), "task_name": "fit", "task_id": "1",
+              "start_timeout": 300.0, "task_config": placement}
+    core = client.CoreV1Api(api_client)
+    log = run_step_pod(cluster, core, namespace, "fit-step", image_refs["component"], executor["container"], params, launcher_account)
+    assert '{"epoch": 2, "loss": 0.3333333333333333}' in log and "function ran 1000 2." in log, log[-3000:]
+    assert len(trainer_pod_events(core, namespace, image_refs["trainer"])) == 1
