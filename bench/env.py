@@ -37,7 +37,10 @@ def start_cluster(verbose: bool = False) -> testcluster.TestCluster:
     policy = Path(tempfile.mkstemp(prefix="kfp-bench-audit-", suffix=".yaml")[1])
     policy.write_text(audit.POLICY)
     try:
-        cluster = testcluster.TestCluster("kfp-trainer-bench", unique=True, reuse=False, verbose=verbose, audit_policy=policy)
+        # No real node: its kubelet's requests would count in the audit log, and the pods are KWOK's.
+        cluster = testcluster.TestCluster(
+            "kfp-trainer-bench", unique=True, reuse=False, verbose=verbose, audit_policy=policy, real_node=False
+        )
         cluster.start(build=True)
     finally:
         policy.unlink(missing_ok=True)

@@ -86,3 +86,22 @@ def test_a_read_write_many_claim_is_shared_by_two_pods(api_client, namespace, re
     assert pv.spec.host_path.path.startswith(str(cluster.cluster_dir / "volumes"))
     with open(f"{pv.spec.host_path.path}/note") as f:
         assert f.read() == "written by the writer"
+
+
+def test_exec_reaches_a_container_of_the_real_node_through_the_api_server(api_client, namespace, real_node):
+    from kubernetes.stream import stream
+
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, probe_pod("target", real_node.image("probe"), ["sleep", "inf"]))
+    wait_phase(core, namespace, "target", ("Running",))
+    out = stream(
+        core.connect_get_namespaced_pod_exec,
+        "target",
+        namespace,
+        command=["/probe", "echo", "exec", "works"],
+        stderr=True,
+        stdout=True,
+        stdin=False,
+        tty=False,
+    )
+    assert out == "exec works\n"

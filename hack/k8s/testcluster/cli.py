@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from . import realnode
 from .binaries import ClusterError, binaries
 from .cluster import TestCluster
 from .components import parse_gates
@@ -61,6 +62,12 @@ def main(argv: list[str]) -> int:
         return 0
     running = c.is_running()
     print(f"cluster {c.name}: {'running' if running else 'not running'}", file=sys.stderr)
+    owner = realnode.owner_of()
+    if owner:
+        print(
+            f"real node {realnode.NODE_NAME}: owned by cluster {owner.get('cluster')} (logs: {realnode.base_dir() / 'logs'})",
+            file=sys.stderr,
+        )
     if running:
         print(f"server: {c.server}", file=sys.stderr)
         for p, cmd in c.leftover_processes():
