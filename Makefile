@@ -55,8 +55,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 # debootstrap, which makes the python:3.11-slim base of the images built without a registry (Debian/Ubuntu, as root).
-debootstrap:
-	@command -v debootstrap >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; }
+debootstrap: host-packages
 
 # Both images built on this machine from deploy/Dockerfile.* without a registry or container engine
 # (hack/k8s/images.py; layers cached in ~/.cache/kfp-trainer/images): what the real node's pods run.
@@ -102,7 +101,9 @@ reliability: setup cluster-build
 bench: setup cluster-build
 	$(PY) -m bench.run $(BENCH_ARGS)
 
-test: setup lint browser cluster-build test-images
+# The control plane's Go build (CPU) and the images (mostly downloads and disk) run side by side.
+test: setup lint browser host-packages
+	$(MAKE) -j2 cluster-build test-images
 	$(PY) -m pytest --doctest-modules kfp_trainer tests
 
 clean:
