@@ -61,6 +61,7 @@ debootstrap: host-packages
 # (hack/k8s/images.py; layers cached in ~/.cache/kfp-trainer/images): what the real node's pods run.
 test-images: setup debootstrap
 	$(PY) hack/k8s/images.py build all
+	$(PY) hack/k8s/images.py prune
 
 # Regenerates components/*/component.yaml + README.md and pipelines/*/pipeline.yaml.
 compile: setup

@@ -105,6 +105,27 @@ def test_sft_trains_on_two_real_nodes_with_torchrun_and_writes_the_model_to_the_
     assert (output / "model.safetensors").stat().st_size > 0
     info = json.loads((output / "training_info.json").read_text())
     assert info["world_size"] == 2, info
+    # The evaluation (what evaluate_model runs) reads that model from the claim in a pod of its own, as UID 1000.
+    metrics = evaluate_in_pod(core, namespace, trainer_image)
+    assert metrics["examples"] == 40 and 0.0 <= metrics["exact_match"] <= 1.0 and metrics["loss"] > 0, metrics
+
+
+def evaluate_in_pod(core, ns: str, image: str) -> dict:
+    """``python -m kfp_trainer.trainers.evaluate`` on the trained model and the dataset's test split, in the trainer image."""
+    command = ["python", "-m", "kfp_trainer.trainers.evaluate", "--model-dir", "/workspace/output", "--dataset-dir",
+               "/workspace/dataset", "--max-examples", "40"]  # fmt: skip
+    spec = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsUser": 1000, "runAsNonRoot": True},
+        "containers": [{"name": "evaluate", "image": image, "imagePullPolicy": "Never", "command": command,
+                        "volumeMounts": [{"name": "workspace", "mountPath": "/workspace", "readOnly": True}]}],
+        "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": "workspace"}}],
+    }  # fmt: skip
+    core.create_namespaced_pod(ns, {"metadata": {"name": "evaluate"}, "spec": on_real_node(spec)})
+    wait_phase(core, ns, "evaluate", timeout=180)
+    last = core.read_namespaced_pod_log("evaluate", ns).strip().splitlines()[-1]
+    return json.loads(last)
 
 
 def test_a_cancel_sends_sigterm_to_torchrun_and_the_pods_are_gone_within_the_grace_period(

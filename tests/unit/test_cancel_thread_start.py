@@ -46,6 +46,22 @@ def signal_inside_next_thread_start(monkeypatch) -> list[int]:
     return fired
 
 
+@pytest.fixture(autouse=True)
+def fresh_latch(monkeypatch):
+    """A stop-signal latch as a new process has it, whatever earlier tests in this process left
+    (a watchdog, redelivery counts, handlers): these tests count on the one signal they send."""
+    old = cancel._latch
+    old.stop.set()
+    if old.watchdog is not None:
+        old.watchdog.join(5)
+    monkeypatch.setattr(cancel, "_latch", cancel._Latch())
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+                signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}  # fmt: skip
+    yield
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
 @pytest.fixture
 def unraisable(monkeypatch):
     seen: list[BaseException | None] = []

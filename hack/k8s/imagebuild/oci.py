@@ -168,4 +168,20 @@ def import_image(image: Image, address: str) -> bool:
     output = proc.stdout.read().decode(errors="replace")
     if proc.wait() != 0 or not present(image, address):
         raise ImageImportError(f"ctr images import of {image.ref} into {address} failed: {output.strip()[-2000:]}")
+    remove_older(image, address)
     return True
+
+
+def remove_older(image: Image, address: str) -> list[str]:
+    """Removes the other tags of ``image``'s repository from containerd at ``address`` (earlier builds).
+
+    A trainer image is ~6 GB in containerd's content store and as much again unpacked; without
+    this, each change of its dependencies would leave another copy on the disk. Layers the
+    current image shares stay (containerd collects only what no image references).
+    """
+    repo = image.ref.rsplit(":", 1)[0]
+    listed = ctr(address, "images", "ls", "-q", capture_output=True, text=True, timeout=60)
+    older = [ref for ref in listed.stdout.split() if ref.rsplit(":", 1)[0] == repo and ref != image.ref]
+    if older:
+        ctr(address, "images", "rm", "--sync", *older, capture_output=True, text=True, timeout=300)
+    return older
