@@ -151,6 +151,7 @@ def present(image: Image, address: str) -> bool:
 def import_image(image: Image, address: str) -> bool:
     """Imports ``image`` into containerd at ``address`` unless it is there; True when it imported."""
     if present(image, address):
+        remove_older(image, address)
         return False
     listed = ctr(address, "content", "ls", "-q", capture_output=True, text=True, timeout=60)
     have = frozenset(listed.stdout.split()) if listed.returncode == 0 else frozenset()
