@@ -44,3 +44,34 @@ def wait_phase(core: client.CoreV1Api, ns: str, name: str, phases: tuple[str, ..
         return pod if phase in phases else None
 
     return wait_for(reached, timeout=timeout, what=f"pod {name} {'/'.join(phases)}", interval=0.2)
+
+
+def prepare_claim(core: client.CoreV1Api, ns: str, image: str, dataset_uri: str, model_uri: str) -> None:
+    """A ReadWriteMany claim ``workspace`` holding ``dataset/``, ``model/`` (builtin URIs, fetched by a pod of
+    the trainer ``image``) and an empty ``output/``, all writable by the trainer's user."""
+    core.create_namespaced_persistent_volume_claim(
+        ns, {"metadata": {"name": "workspace"}, "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
+    )
+    script = (
+        f"python -m kfp_trainer.trainers.builtin {dataset_uri} /workspace/dataset && "
+        f"python -m kfp_trainer.trainers.builtin {model_uri} /workspace/model && "
+        "mkdir /workspace/output && chmod -R a+rwX /workspace"
+    )
+    spec = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "containers": [{"name": "prepare", "image": image, "imagePullPolicy": "Never", "command": ["sh", "-c", script],
+                        "securityContext": {"runAsUser": 0},  # the host directory of the volume belongs to root
+                        "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}]}],
+        "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": "workspace"}}],
+    }  # fmt: skip
+    core.create_namespaced_pod(ns, {"metadata": {"name": "prepare"}, "spec": on_real_node(spec)})
+    wait_phase(core, ns, "prepare", timeout=120)
+
+
+def claim_folder(core: client.CoreV1Api, ns: str, path: str = "output"):
+    """The host directory behind the claim ``workspace`` (a host-path volume of the test cluster), joined with ``path``."""
+    from pathlib import Path
+
+    claim = core.read_namespaced_persistent_volume_claim("workspace", ns)
+    return Path(core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path) / path

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from realpods import on_real_node, wait_phase
+from realpods import claim_folder, on_real_node, prepare_claim, wait_phase
 from testcluster import realnode
 
 from kfp_trainer.backends.kubernetes import KubernetesBackend
@@ -36,39 +36,10 @@ def trainer_image(real_node):
     return images.import_into("trainer", str(real_node.containerd.socket))[0].ref
 
 
-def prepare_workspace(core, ns: str, image: str) -> None:
-    """The builtin dataset and model in the claim ``workspace``, writable by the trainer's user."""
-    script = (
-        "python -m kfp_trainer.trainers.builtin builtin://datasets/addition /workspace/dataset && "
-        "python -m kfp_trainer.trainers.builtin builtin://models/tiny-char-lm /workspace/model && "
-        "mkdir /workspace/output && chmod -R a+rwX /workspace"
-    )
-    container = {
-        "name": "prepare",
-        "image": image,
-        "imagePullPolicy": "Never",
-        "command": ["sh", "-c", script],
-        "securityContext": {"runAsUser": 0},  # the host directory of the volume belongs to root
-        "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}],
-    }
-    spec = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "containers": [container],
-        "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": "workspace"}}],
-    }
-    core.create_namespaced_pod(ns, {"metadata": {"name": "prepare"}, "spec": on_real_node(spec)})
-    wait_phase(core, ns, "prepare", timeout=120)
-
-
 def test_sft_trains_on_two_real_nodes_with_torchrun_and_writes_the_model_to_the_workspace(api_client, namespace, real_node, trainer_image):
     core = client.CoreV1Api(api_client)
-    core.create_namespaced_persistent_volume_claim(
-        namespace,
-        {"metadata": {"name": "workspace"}, "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
-    )
     t0 = time.monotonic()
-    prepare_workspace(core, namespace, trainer_image)
+    prepare_claim(core, namespace, trainer_image, "builtin://datasets/addition", "builtin://models/tiny-char-lm")
     prepared = time.monotonic() - t0
     placement = realnode.pod_spec_for_real_node()
     args = ["--model-dir", "/workspace/model", "--dataset-dir", "/workspace/dataset", "--output-dir", "/workspace/output"]
@@ -100,8 +71,7 @@ def test_sft_trains_on_two_real_nodes_with_torchrun_and_writes_the_model_to_the_
     summary = [json.loads(line[line.index("{") :]) for line in log.splitlines() if '"train_steps"' in line]
     assert summary and summary[-1]["world_size"] == 2 and summary[-1]["train_steps"] == 12, log[-3000:]
     # Rank 0 saved the model into the claim (a host directory of the cluster).
-    claim = core.read_namespaced_persistent_volume_claim("workspace", namespace)
-    output = Path(core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path) / "output"
+    output = claim_folder(core, namespace)
     assert (output / "model.safetensors").stat().st_size > 0
     info = json.loads((output / "training_info.json").read_text())
     assert info["world_size"] == 2, info
@@ -137,11 +107,7 @@ def test_a_cancel_sends_sigterm_to_torchrun_and_the_pods_are_gone_within_the_gra
     from faults import Output, start_launch
 
     core = client.CoreV1Api(api_client)
-    core.create_namespaced_persistent_volume_claim(
-        namespace,
-        {"metadata": {"name": "workspace"}, "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
-    )
-    prepare_workspace(core, namespace, trainer_image)
+    prepare_claim(core, namespace, trainer_image, "builtin://datasets/addition", "builtin://models/tiny-char-lm")
     placement = realnode.pod_spec_for_real_node()
     grace = 20
     args = ["--model-dir", "/workspace/model", "--dataset-dir", "/workspace/dataset", "--output-dir", "/workspace/output"]
