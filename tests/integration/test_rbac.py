@@ -38,12 +38,11 @@ def rbac_docs(namespace: str, suffix: str) -> list[dict]:
     return out
 
 
-@pytest.fixture
-def runner(cluster, api_client, namespace):
-    """Apply the RBAC for ``pipeline-runner`` in ``namespace``; yield an API client impersonating it."""
+def apply_rbac(api_client: client.ApiClient, namespace: str) -> list:
+    """The ``pipeline-runner`` service account in ``namespace`` with deploy/rbac.yaml's rights;
+    returns ``(delete, name)`` of the cluster-scoped objects, for the caller to remove."""
     rbac = client.RbacAuthorizationV1Api(api_client)
-    core = client.CoreV1Api(api_client)
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": SA}})
+    client.CoreV1Api(api_client).create_namespaced_service_account(namespace, {"metadata": {"name": SA}})
     suffix = uuid.uuid4().hex[:8]
     cluster_scoped = []
     for doc in rbac_docs(namespace, suffix):
@@ -60,6 +59,13 @@ def runner(cluster, api_client, namespace):
             cluster_scoped.append((rbac.delete_cluster_role_binding, doc["metadata"]["name"]))
         else:  # pragma: no cover - the manifest holds only these four kinds
             raise AssertionError(f"unexpected kind {kind} in {RBAC}")
+    return cluster_scoped
+
+
+@pytest.fixture
+def runner(cluster, api_client, namespace):
+    """Apply the RBAC for ``pipeline-runner`` in ``namespace``; yield an API client impersonating it."""
+    cluster_scoped = apply_rbac(api_client, namespace)
     impersonated = cluster.api_client()
     impersonated.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:{SA}")
     try:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes import client
 from realpods import on_real_node, wait_phase
-from test_rbac import SA, rbac_docs
+from test_rbac import SA, apply_rbac
 from testcluster import realnode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,22 +43,7 @@ def image_refs(real_node):
 @pytest.fixture
 def launcher_account(cluster, api_client, namespace):
     """The ``pipeline-runner`` service account in ``namespace`` with deploy/rbac.yaml's rights and no others."""
-    rbac = client.RbacAuthorizationV1Api(api_client)
-    client.CoreV1Api(api_client).create_namespaced_service_account(namespace, {"metadata": {"name": SA}})
-    suffix = uuid.uuid4().hex[:8]
-    cleanup = []
-    for doc in rbac_docs(namespace, suffix):
-        kind = doc["kind"]
-        if kind == "Role":
-            rbac.create_namespaced_role(namespace, doc)
-        elif kind == "RoleBinding":
-            rbac.create_namespaced_role_binding(namespace, doc)
-        elif kind == "ClusterRole":
-            rbac.create_cluster_role(doc)
-            cleanup.append((rbac.delete_cluster_role, doc["metadata"]["name"]))
-        else:
-            rbac.create_cluster_role_binding(doc)
-            cleanup.append((rbac.delete_cluster_role_binding, doc["metadata"]["name"]))
+    cleanup = apply_rbac(api_client, namespace)
     yield SA
     for delete, name in cleanup:
         delete(name)
