@@ -181,6 +181,31 @@ def _stored(api_client, namespace: str, name: str) -> dict:
     return client.CustomObjectsApi(api_client).get_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name)
 
 
+def create_step_trainjob(api_client, namespace: str, cid: str, step, runtime: str) -> str:
+    """The TrainJob a torchtune fine-tune step (``TorchTuneFinetune``) renders for ``runtime``, created
+    on the API server as the step creates it (on the run's workspace claim); returns its name."""
+    from types import SimpleNamespace
+
+    from kfp_trainer.spec import TrainJobInputs
+    from kfp_trainer.spec import render as render_trainjob
+    from kfp_trainer.steps.train_job import TrainerContext
+
+    workspace = {"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": "run-kfp-workspace"}}
+    ctx = TrainerContext(
+        backend=None, runtime=SimpleNamespace(document=_runtime(api_client, runtime)),
+        inputs={"volumes": [workspace], "volume_mounts": [{"name": "kfp-workspace", "mountPath": "/kfp-workspace"}]},
+        local=False, shared_root="/kfp-workspace", key=f"step-{cid}", workspace_path="/kfp-workspace",
+        output_model=SimpleNamespace(path="/tmp/unused"),
+    )  # fmt: skip
+    name = f"step-{cid.replace('_', '-')}"
+    given = {**ctx.inputs, **step.configure(ctx), "name": name, "run_id": "run", "task_name": "finetune", "namespace": namespace}
+    manifest = render_trainjob(TrainJobInputs.parse(**given), runtime_jobs=["dataset-initializer", "model-initializer", "node"])
+    client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "trainjobs", manifest, field_validation="Strict"
+    )
+    return name
+
+
 def _comparable(obj: dict) -> dict:
     """The stored object without what differs by nature: identity, server bookkeeping, our labels."""
     meta = obj["metadata"]
@@ -342,16 +367,10 @@ def test_progress_reports_are_stored_like_the_sdks(api_client, cluster, namespac
 
 def test_the_finetune_components_trainjob_is_the_sdks_plus_the_output_mount(api_client, cluster, namespace, sdk_python, llama70b_runtime):
     """What the torchtune_finetune step creates for each case: the SDK's spec, plus one runtime patch of ours."""
-    from types import SimpleNamespace
-
-    from kfp_trainer.spec import TrainJobInputs
-    from kfp_trainer.spec import render as render_trainjob
     from kfp_trainer.steps.finetune import TorchTuneFinetune
-    from kfp_trainer.steps.train_job import TrainerContext
 
     cases = [{"id": cid, "kind": "builtin", **case} for cid, case in BUILTIN_CASES.items()]
     sdk_names = _sdk_create(sdk_python, cluster.kubeconfig, namespace, cases)
-    workspace = {"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": "run-kfp-workspace"}}
     for cid, case in BUILTIN_CASES.items():
         sources = {}
         for kind in ("dataset", "model"):
@@ -360,18 +379,7 @@ def test_the_finetune_components_trainjob_is_the_sdks_plus_the_output_mount(api_
                 sources[f"{kind}_uri"] = source.pop("storage_uri")
                 sources[f"{kind}_options"] = source or None
         step = TorchTuneFinetune(inputs.parse(inputs.TorchTuneSettings, **case["config"]), **sources)
-        ctx = TrainerContext(
-            backend=None, runtime=SimpleNamespace(document=_runtime(api_client, case["runtime"])),
-            inputs={"volumes": [workspace], "volume_mounts": [{"name": "kfp-workspace", "mountPath": "/kfp-workspace"}]},
-            local=False, shared_root="/kfp-workspace", key=f"step-{cid}", workspace_path="/kfp-workspace",
-            output_model=SimpleNamespace(path="/tmp/unused"),
-        )  # fmt: skip
-        ours = f"step-{cid.replace('_', '-')}"
-        given = {**ctx.inputs, **step.configure(ctx), "name": ours, "run_id": "run", "task_name": "finetune", "namespace": namespace}
-        manifest = render_trainjob(TrainJobInputs.parse(**given), runtime_jobs=["dataset-initializer", "model-initializer", "node"])
-        client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-            GROUP, VERSION, namespace, "trainjobs", manifest, field_validation="Strict"
-        )
+        ours = create_step_trainjob(api_client, namespace, cid, step, case["runtime"])
         stored, theirs = _stored(api_client, namespace, ours), _stored(api_client, namespace, sdk_names[cid])
         patches = stored["spec"].pop("runtimePatches")
         assert [p["manager"] for p in patches] == ["kfp-trainer.kubeflow.org/launcher"]

@@ -19,12 +19,10 @@ import json
 import sys
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
 from kfp import compiler
-from kubernetes import client
 
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import InvalidSpecErrors
@@ -35,14 +33,12 @@ import sdk_functions  # noqa: E402  (tests/integration/sdk_functions.py: the fun
 from test_pipeline_trainjobs import StoredTrainJobs  # noqa: E402
 from test_sdk_interop import (  # noqa: E402
     CUSTOM_CASES,
-    GROUP,
-    VERSION,
     _differences,
     _driver_functions,
     _quantities_as_text,
-    _runtime,
     _sdk_create,
     _stored,
+    create_step_trainjob,
     sdk_python,  # noqa: F401  (fixture)
 )
 
@@ -209,14 +205,10 @@ TORCHTUNE_CASES = {
 
 
 def test_torchtune_finetune_steps_create_the_sdks_builtin_trainer_trainjob(api_client, cluster, namespace, sdk_python):  # noqa: F811
-    from kfp_trainer.spec import TrainJobInputs
-    from kfp_trainer.spec import render as render_trainjob
     from kfp_trainer.steps.finetune import TorchTuneFinetune, torchtune_settings
-    from kfp_trainer.steps.train_job import TrainerContext
 
     request = [{"id": cid, "kind": "builtin", **{k: v for k, v in case.items() if k != "inputs"}} for cid, case in TORCHTUNE_CASES.items()]
     sdk_names = _sdk_create(sdk_python, cluster.kubeconfig, namespace, request)
-    workspace = {"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": "run-kfp-workspace"}}
     failures = []
     for cid, case in TORCHTUNE_CASES.items():
         given = dict(case["inputs"])
@@ -226,18 +218,7 @@ def test_torchtune_finetune_steps_create_the_sdks_builtin_trainer_trainjob(api_c
         except (TypeError, InvalidSpecErrors) as e:  # an input the component does not take or refuses
             failures.append(f"case {cid}: {type(e).__name__}: {e}")
             continue
-        ctx = TrainerContext(
-            backend=None, runtime=SimpleNamespace(document=_runtime(api_client, case["runtime"])),
-            inputs={"volumes": [workspace], "volume_mounts": [{"name": "kfp-workspace", "mountPath": "/kfp-workspace"}]},
-            local=False, shared_root="/kfp-workspace", key=f"step-{cid}", workspace_path="/kfp-workspace",
-            output_model=SimpleNamespace(path="/tmp/unused"),
-        )  # fmt: skip
-        name = f"step-{cid.replace('_', '-')}"
-        values = {**ctx.inputs, **step.configure(ctx), "name": name, "run_id": "run", "task_name": "finetune", "namespace": namespace}
-        manifest = render_trainjob(TrainJobInputs.parse(**values), runtime_jobs=["dataset-initializer", "model-initializer", "node"])
-        client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-            GROUP, VERSION, namespace, "trainjobs", manifest, field_validation="Strict"
-        )
+        name = create_step_trainjob(api_client, namespace, cid, step, case["runtime"])
         ours = _stored(api_client, namespace, name)["spec"]
         ours.pop("runtimePatches")  # the output folder's mount (test_sdk_interop checks it)
         theirs = _stored(api_client, namespace, sdk_names[cid])["spec"]
