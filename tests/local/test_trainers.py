@@ -65,8 +65,6 @@ def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
     return builtin.materialize("builtin://models/tiny-char-lm", tmp_path_factory.mktemp("tiny-char-lm"))
 
 
@@ -172,7 +170,6 @@ def test_tiny_model_is_deterministic(tmp_path: Path, model_dir: Path) -> None:
 
 
 def test_allreduce_two_processes() -> None:
-    pytest.importorskip("torch")
     proc = _torchrun(2, "kfp_trainer.trainers.allreduce", timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = _json_lines(proc.stdout)
@@ -304,7 +301,8 @@ def test_lr_schedule() -> None:
 
 
 def test_sft_lora(model_dir: Path, dataset_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("peft")
+    import peft  # noqa: F401  (installed by make setup: a missing one fails here)
+
     from kfp_trainer.trainers.evaluate import evaluate
 
     proc = _sft(
@@ -322,19 +320,21 @@ def test_sft_lora(model_dir: Path, dataset_dir: Path, tmp_path: Path) -> None:
 
 
 def test_sft_lora_without_peft_fails_clearly(model_dir: Path, dataset_dir: Path, tmp_path: Path) -> None:
-    try:
-        import peft  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("peft is installed")
-    proc = _sft(
-        model_dir, dataset_dir, tmp_path,
-        "--max-steps", "1",
-        "--lora",
+    # peft is installed here; the trainer process gets a "peft" that fails to import the way a
+    # missing package does (ModuleNotFoundError), first on its path.
+    shadow = tmp_path / "no-peft"
+    (shadow / "peft").mkdir(parents=True)
+    (shadow / "peft" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'peft'\", name='peft')\n")
+    dirs = ["--model-dir", str(model_dir), "--dataset-dir", str(dataset_dir), "--output-dir", str(tmp_path / "out")]
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shadow), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kfp_trainer.trainers.sft", *dirs, "--max-steps", "1", "--lora"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert proc.returncode != 0
-    assert "peft" in proc.stderr
+    assert "peft" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "out" / "adapter_model.safetensors").exists()
 
 
 def test_sft_reports_its_progress_to_the_trainer_status_server_from_rank_zero_only(
