@@ -24,6 +24,7 @@ Example:
     2
 """
 
+from ..dicts import dig
 from ..redaction import find_secret, is_secret_name, redact_text, redact_uri, scrub
 from .inputs import (
     ALLOW_HOST_ACCESS_ANNOTATION,
@@ -57,7 +58,6 @@ from .inputs import (
     VERSION,
     ApiVersion,
     TrainJobInputs,
-    dig,
     env_list,
 )
 from .manifest import deep_merge, lineage_labels, pod_targets, resolve_name

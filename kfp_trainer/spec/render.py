@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..dicts import dig
 from ..errors import InvalidSpecErrors, ValidationError
-from .inputs import ApiVersion, TrainJobInputs, dig
+from .inputs import ApiVersion, TrainJobInputs
 from .manifest import build, pod_targets
 from .pod_fields import check_runtime_init_containers
 from .policy import check_manifest

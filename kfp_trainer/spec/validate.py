@@ -13,8 +13,8 @@ from __future__ import annotations
 from .. import naming
 from ..errors import InvalidSpecErrors, ValidationError
 from . import env_rules, rules
+from .host_access import HOST_ADMIN
 from .inputs import (
-    ALLOW_HOST_ACCESS_ANNOTATION,
     API_VERSIONS,
     DATASET_SCHEMES,
     INITIALIZER_JOBS,
@@ -41,10 +41,6 @@ from .policy import check_manifest
 _TOLERATION_OPERATORS = ("Exists", "Equal")
 _TOLERATION_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
 _AFFINITY_KEYS = ("nodeAffinity", "podAffinity", "podAntiAffinity")
-_HOST_ADMIN = (
-    "host access is refused unless the cluster admin allows it on the ClusterTrainingRuntime "
-    f'(annotation {ALLOW_HOST_ACCESS_ANNOTATION}: "true")'
-)
 _MAX_IDENTITY = 1024
 
 
@@ -61,7 +57,7 @@ def _check_volumes(inputs: TrainJobInputs, allow_host_access: bool | None) -> li
         if len(sources) != 1:
             errors.append(ValidationError(f"volumes[{i}]", volume, "a Volume with a source (exactly one), e.g. persistentVolumeClaim"))
         elif "hostPath" in sources and allow_host_access is False:
-            errors.append(ValidationError(f"volumes[{i}].hostPath", volume["hostPath"], "another volume source: " + _HOST_ADMIN))
+            errors.append(ValidationError(f"volumes[{i}].hostPath", volume["hostPath"], "another volume source: " + HOST_ADMIN))
     known = names | {"initializer"}  # Trainer runtimes declare "initializer"
     for i, mount in enumerate(inputs.volume_mounts):
         if mount.get("name") not in known:
@@ -75,7 +71,7 @@ def _check_volumes(inputs: TrainJobInputs, allow_host_access: bool | None) -> li
             errors += rules.check_local_path(f"volume_mounts[{i}].subPath", mount["subPath"], absolute=False)
         if mount.get("mountPropagation") == "Bidirectional" and allow_host_access is False:
             errors.append(
-                ValidationError(f"volume_mounts[{i}].mountPropagation", "Bidirectional", "None or HostToContainer: " + _HOST_ADMIN)
+                ValidationError(f"volume_mounts[{i}].mountPropagation", "Bidirectional", "None or HostToContainer: " + HOST_ADMIN)
             )
     return errors
 
