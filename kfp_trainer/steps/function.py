@@ -18,45 +18,17 @@ the function can collide with a name of the body).
 
 Locally the function runs in this environment: nothing is installed, and a package it needs
 that is missing here fails the step before anything starts, naming it.
-
-:func:`function_command` and :data:`BOOTSTRAP` are the command of components compiled by
-earlier versions, kept so that their YAML still runs; so is :func:`run_function_job`'s signature.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
 from typing import Any
 
 from ..errors import InvalidSpecErrors, ValidationError
 
 #: The artifact parameters of a function and the placeholder each gets.
 SPECIAL = {"dataset_dir": "{dataset}", "model_dir": "{model}", "output_dir": "{output_model}"}
-
-BOOTSTRAP = """\
-import base64, json, os, sys, tempfile
-source, function, arguments, launch = base64.b64decode(sys.argv[1]).decode(), sys.argv[2], sys.argv[3], sys.argv[4]
-path = os.path.join(tempfile.mkdtemp(prefix="kfp-trainer-"), "trainjob_function.py")
-with open(path, "w") as f:
-    f.write(source + "\\n\\nif __name__ == '__main__':\\n    import json, sys\\n    " + function + "(**json.loads(sys.argv[1]))\\n")
-if launch == "torchrun" and os.environ.get("PET_NNODES"):
-    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", path, arguments])
-os.execv(sys.executable, [sys.executable, path, arguments])
-"""
-
-
-def function_command(source: str, function: str, arguments: dict[str, Any], *, torchrun: bool) -> list[str]:
-    """The TrainJob command of components compiled by earlier versions (kept for their YAML).
-
-    Example:
-        >>> function_command("def f(): pass", "f", {}, torchrun=False)[:2]
-        ['python', '-c']
-    """
-    encoded = base64.b64encode(source.encode()).decode()
-    return ["python", "-c", BOOTSTRAP, encoded, function, json.dumps(arguments, sort_keys=True), "torchrun" if torchrun else "plain"]
-
 
 def missing_packages(requirements: list[str]) -> list[str]:
     """The requirements this environment does not satisfy (name and version specifier).
