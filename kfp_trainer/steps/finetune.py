@@ -309,7 +309,8 @@ def run_torchtune_finetune(
 
     arguments = {"method": method, "settings": settings, "sources": sources, "dataset_path": dataset_path,
                  "learning_rate": learning_rate, "seed": seed, "overrides": overrides, "inputs": launch.get("inputs")}  # fmt: skip
-    errors = torchtune_errors(arguments, local=True)  # what a built pipeline checked too; the backend's rules follow
+    # What a built pipeline checked too, the TrainJob inputs left to run_train_job (checked once there).
+    errors = torchtune_errors(arguments, local=True, trainjob=False)
     if errors:
         raise InvalidSpecErrors(errors)
     trainer = TorchTuneFinetune(

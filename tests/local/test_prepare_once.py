@@ -83,3 +83,29 @@ def test_a_function_step_reads_its_runtime_once_and_builds_its_manifest_at_most_
     assert counted["runtime reads"] == 1
     assert counted["manifest builds"] <= 2
     assert backend.runtime is not None and backend.runtime.nodes == 2  # the nodes the job asked for, not the runtime's default
+
+
+class Submitted(Exception):
+    """Raised in place of starting the job: what was prepared is all this test needs."""
+
+
+def test_a_torchtune_step_reads_its_runtime_once_and_builds_its_manifest_at_most_twice(tmp_path, counted, monkeypatch):
+    from kfp_trainer.steps.finetune import run_torchtune_finetune
+
+    backend = LocalBackend(tmp_path / "jobs")
+
+    def submit(manifest):
+        raise Submitted(manifest)
+
+    monkeypatch.setattr(backend, "submit", submit)  # the rest of the launch is other tests' subject
+    with pytest.raises(Submitted) as sent:
+        run_torchtune_finetune(
+            method="lora", settings={"epochs": 1, "batch_size": 4, "lora_rank": 4},
+            sources={"dataset_uri": "builtin://datasets/addition", "model_uri": "builtin://models/tiny-qwen2.5"},
+            inputs={"runtime": "torchtune-qwen2.5-1.5b", "run_id": "r1", "task_name": "count-tune"},
+            logs="0", delete_after_success=False, **step_outputs(tmp_path, backend),
+        )  # fmt: skip
+    manifest = sent.value.args[0]
+    assert manifest["spec"]["trainer"]["args"][:2] == ["batch_size=4", "epochs=1"]
+    assert counted["runtime reads"] == 1
+    assert counted["manifest builds"] <= 2
