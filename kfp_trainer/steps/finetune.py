@@ -118,6 +118,18 @@ class TorchTuneFinetune:
             raise InvalidSpecErrors([ValidationError(f"{kind}_options", options, f"nothing for {uri}: they apply to hf:// and s3://")])
         return None, {f"{kind}_uri": uri, **({f"{kind}_secret": secret} if secret else {})}  # builtin:// or file:// (local mode)
 
+    def source_inputs(self) -> dict[str, Any]:
+        """The sources as the TrainJob will carry them (checked with the step's inputs before the runtime is read).
+
+        Raises:
+            InvalidSpecErrors: A secret or options without a URI, options for a local URI.
+        """
+        out: dict[str, Any] = {}
+        for kind in ("dataset", "model"):
+            out.update(self.storage(kind)[1])
+            out.setdefault(f"{kind}_uri", self.sources[kind][0] or None)  # the initializer's URI
+        return out
+
     def _args(self, args: list[str]) -> list[str]:
         if self.dataset_path:
             arg = dataset_path_arg(self.dataset_path)

@@ -322,7 +322,8 @@ def plan_inputs(ctx: TrainerContext, trainer: TypedTrainer | None) -> tuple[Any,
     if trainer is not None:
         from .checks import trainjob_errors
 
-        early = trainjob_errors(ctx.inputs, local=ctx.local)  # the inputs given, before the runtime is read
+        sources = getattr(trainer, "source_inputs", dict)()  # initializer URIs a typed trainer will set
+        early = trainjob_errors({**ctx.inputs, **sources}, local=ctx.local)  # the inputs given, before the runtime is read
         if early:
             raise InvalidSpecErrors(early)
         probe = _parse({k: ctx.inputs[k] for k in ("runtime", "runtime_kind", "namespace") if ctx.inputs.get(k)})
