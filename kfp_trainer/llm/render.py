@@ -1,10 +1,12 @@
-"""Settings -> the TrainJob spec the kubeflow SDK 0.5.0 creates for the same ``train()`` call. Pure.
+"""Settings -> the TrainJob inputs that render to what the kubeflow SDK 0.5.0 creates for the same ``train()`` call. Pure.
 
 ``TrainerClient().train(runtime, initializer, trainer)`` fills three parts of ``spec``:
-``runtimeRef`` (name and kind), ``trainer`` and ``initializer``. :func:`render_builtin` does it
-for ``BuiltinTrainer(config=TorchTuneConfig(...))`` and :func:`render_function` for
-``CustomTrainer(func=...)``, field for field and value for value, so a job moved from the SDK
-into a pipeline runs the same. Checks come first: the runtime must be of the right kind
+``runtimeRef`` (name and kind), ``trainer`` and ``initializer``. :func:`render_builtin` gives
+the TrainJob inputs (``runtime``, ``command``, ``args``, ``num_nodes``, ``resources_per_node``,
+``dataset_uri``, ...) for ``BuiltinTrainer(config=TorchTuneConfig(...))`` and
+:func:`render_function` for ``CustomTrainer(func=...)``; the one renderer
+(:func:`kfp_trainer.spec.render`) turns them into those parts field for field and value for
+value, so a job moved from the SDK into a pipeline runs the same. Checks come first: the runtime must be of the right kind
 (torchtune for BuiltinTrainer, anything else for functions) and the TrainJob must pass the
 Trainer v2.3 webhook's torchtune rules (supported model, node count, QLoRA limits).
 
@@ -18,7 +20,7 @@ Example:
     ...                "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}}}}]}}}}
     >>> out = render_builtin(rt, TorchTuneSettings(epochs=2, peft_config=LoraSettings(lora_rank=8)),
     ...                      dataset=StorageSource(storage_uri="hf://tatsu-lab/alpaca/data"))
-    >>> out.spec["trainer"]["args"]
+    >>> out.inputs["args"]
     ['epochs=2', 'dataset.data_dir=/workspace/dataset/data', 'model.lora_rank=8', 'model.lora_attn_modules=[q_proj,v_proj,output_proj]']
     >>> (out.recipe, out.config, out.adapter)
     ('lora_finetune_distributed', 'llama3_2/1B_lora', True)
@@ -47,16 +49,28 @@ MPI_USER_HOME = "/home/mpiuser"
 
 @dataclass(frozen=True)
 class Rendered:
-    """The TrainJob ``spec`` parts, and what the fine-tune will produce (torchtune only).
+    """The TrainJob inputs of an SDK ``train()`` call, and what the fine-tune will produce (torchtune only).
 
     ``recipe``/``config`` are what the Trainer controller will run; ``adapter`` is True when
     the output is a LoRA adapter (alongside the merged model), False for full weights.
     """
 
-    spec: dict[str, Any]
+    inputs: dict[str, Any]
     recipe: str | None = None
     config: str | None = None
     adapter: bool = False
+
+    def sdk_spec(self) -> dict[str, Any]:
+        """The ``spec`` parts the SDK writes (``runtimeRef``, ``trainer``, ``initializer``), by the one renderer.
+
+        Example:
+            >>> Rendered({"runtime": "torch-distributed", "command": ["python", "t.py"]}).sdk_spec()["trainer"]
+            {'command': ['python', 't.py']}
+        """
+        from kfp_trainer.spec import TrainJobInputs, render
+
+        manifest = render(TrainJobInputs.parse(**self.inputs, run_id="sdk", task_name="train"))
+        return {k: v for k, v in manifest["spec"].items() if k in ("runtimeRef", "trainer", "initializer")}
 
 
 def resources_per_node(resources: dict[str, Any]) -> dict[str, Any]:
@@ -95,22 +109,22 @@ def _initializer_env(source: StorageSource, *, model: bool) -> list[dict[str, st
     return [{"name": k, "value": v} for k, v in values if v is not None]
 
 
-def render_initializer(dataset: StorageSource | None, model: StorageSource | None) -> dict[str, Any] | None:
-    """``spec.initializer``: each source's ``storageUri`` and ``env``; ``secretRef`` for credentials.
+def initializer_inputs(dataset: StorageSource | None, model: StorageSource | None) -> dict[str, Any]:
+    """``dataset_uri``/``dataset_env``/``dataset_secret`` and the same for ``model`` (credentials only by reference).
 
     Example:
-        >>> render_initializer(StorageSource(storage_uri="hf://org/data"), None)
-        {'dataset': {'storageUri': 'hf://org/data', 'env': []}}
+        >>> initializer_inputs(StorageSource(storage_uri="hf://org/data"), None)
+        {'dataset_uri': 'hf://org/data', 'dataset_env': []}
     """
     out: dict[str, Any] = {}
     for key, source in (("dataset", dataset), ("model", model)):
         if source is None:
             continue
-        part: dict[str, Any] = {"storageUri": source.storage_uri, "env": _initializer_env(source, model=key == "model")}
+        out[f"{key}_uri"] = source.storage_uri
+        out[f"{key}_env"] = _initializer_env(source, model=key == "model")
         if source.secret_ref:
-            part["secretRef"] = {"name": source.secret_ref}
-        out[key] = part
-    return out or None
+            out[f"{key}_secret"] = source.secret_ref
+    return out
 
 
 def _hf_dataset_arg(uri: str) -> str:
@@ -175,7 +189,7 @@ def render_builtin(
     dataset: StorageSource | None = None,
     model: StorageSource | None = None,
 ) -> Rendered:
-    """The spec parts of ``train(runtime, Initializer(dataset, model), BuiltinTrainer(TorchTuneConfig(...)))``.
+    """The TrainJob inputs of ``train(runtime, Initializer(dataset, model), BuiltinTrainer(TorchTuneConfig(...)))``.
 
     Raises:
         InvalidSpecErrors: the runtime is not a torchtune runtime, or the Trainer's webhook would
@@ -193,30 +207,27 @@ def render_builtin(
                 )
             ]
         )
-    trainer: dict[str, Any] = {}
     errors: list[ValidationError] = []
+    job: dict[str, Any] = {"runtime": rt.name, "runtime_kind": rt.kind}
     if settings.num_nodes:
-        trainer["numNodes"] = settings.num_nodes
+        job["num_nodes"] = settings.num_nodes
     if settings.resources_per_node:
         try:
-            trainer["resourcesPerNode"] = resources_per_node(settings.resources_per_node)
+            job["resources_per_node"] = resources_per_node(settings.resources_per_node)
         except ValidationError as e:
             errors.append(e)
     args = torchtune_args(settings, dataset)
-    trainer["command"] = list(TORCHTUNE_ENTRYPOINT)
-    trainer["args"] = args
-    gpus = gpus_in(trainer.get("resourcesPerNode", rt.resources))
+    job.update(command=list(TORCHTUNE_ENTRYPOINT), args=args)
+    gpus = gpus_in(job.get("resources_per_node", rt.resources))
     refused = webhook_errors(rt.name, args, num_nodes=settings.num_nodes or 1, num_proc_per_node="auto", gpus_per_node=gpus)
     errors += [ValidationError(f, v, a) for f, v, a in refused]
     if errors:
         raise InvalidSpecErrors(errors)
-    nodes, nproc, gpus = node_shape(runtime_resources=rt.resources, runtime_num_nodes=rt.num_nodes, job_trainer=trainer)
+    shape = {"numNodes": job.get("num_nodes"), "resourcesPerNode": job.get("resources_per_node")}
+    nodes, nproc, gpus = node_shape(runtime_resources=rt.resources, runtime_num_nodes=rt.num_nodes, job_trainer=shape)
     recipe, config = recipe_and_config(rt.name, args, num_nodes=nodes, num_proc_per_node=nproc, gpus_per_node=gpus)
-    spec: dict[str, Any] = {"runtimeRef": {"name": rt.name, "kind": rt.kind}, "trainer": trainer}
-    init = render_initializer(dataset, model)
-    if init:
-        spec["initializer"] = init
-    return Rendered(spec=spec, recipe=recipe, config=config, adapter=uses_lora(args) or uses_qlora(args))
+    job.update(initializer_inputs(dataset, model))
+    return Rendered(inputs=job, recipe=recipe, config=config, adapter=uses_lora(args) or uses_qlora(args))
 
 
 # --- CustomTrainer ------------------------------------------------------------------------------
@@ -279,7 +290,7 @@ def render_function(
     dataset: StorageSource | None = None,
     model: StorageSource | None = None,
 ) -> Rendered:
-    """The spec parts of ``train(runtime, initializer, CustomTrainer(func, func_args, packages_to_install, ...))``.
+    """The TrainJob inputs of ``train(runtime, initializer, CustomTrainer(func, func_args, packages_to_install, ...))``.
 
     Raises:
         InvalidSpecErrors: the runtime is a torchtune runtime, or the resources are invalid.
@@ -295,21 +306,18 @@ def render_function(
                 )
             ]
         )
-    trainer: dict[str, Any] = {}
+    job: dict[str, Any] = {"runtime": rt.name, "runtime_kind": rt.kind}
     if settings.num_nodes:
-        trainer["numNodes"] = settings.num_nodes
+        job["num_nodes"] = settings.num_nodes
     if settings.resources_per_node:
         try:
-            trainer["resourcesPerNode"] = resources_per_node(settings.resources_per_node)
+            job["resources_per_node"] = resources_per_node(settings.resources_per_node)
         except ValidationError as e:
             raise InvalidSpecErrors([e]) from None
-    trainer["command"] = function_command(rt, settings)
+    job["command"] = function_command(rt, settings)
     if settings.image:
-        trainer["image"] = settings.image
+        job["image"] = settings.image
     if settings.env:
-        trainer["env"] = [{"name": k, "value": v} for k, v in settings.env.items()]
-    spec: dict[str, Any] = {"runtimeRef": {"name": rt.name, "kind": rt.kind}, "trainer": trainer}
-    init = render_initializer(dataset, model)
-    if init:
-        spec["initializer"] = init
-    return Rendered(spec=spec)
+        job["env"] = dict(settings.env)
+    job.update(initializer_inputs(dataset, model))
+    return Rendered(inputs=job)

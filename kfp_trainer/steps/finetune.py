@@ -1,9 +1,9 @@
 """Run-time work of the ``torchtune_finetune`` component: a BuiltinTrainer fine-tune in a torchtune runtime.
 
 The TrainJob is the one the kubeflow SDK 0.5.0 creates for ``TrainerClient().train(runtime,
-Initializer(dataset, model), BuiltinTrainer(TorchTuneConfig(...)))`` (rendered by
+Initializer(dataset, model), BuiltinTrainer(TorchTuneConfig(...)))`` (its inputs given by
 :func:`kfp_trainer.llm.render.render_builtin`, which also refuses a runtime that is not a
-torchtune runtime), plus what a pipeline step needs around it:
+torchtune runtime; the step renders them once), plus what a pipeline step needs around it:
 
 * **The model gets out.** The runtimes write to ``/workspace/output`` on their ``initializer``
   volume, which is deleted with the TrainJob. The step mounts a folder of the volume it shares
@@ -197,9 +197,7 @@ class TorchTuneFinetune:
         if errors:
             raise InvalidSpecErrors(errors)
         self.rendered = render.render_builtin(ctx.runtime.document, self.settings, dataset=found["dataset"], model=found["model"])
-        spec = self.rendered.spec
-        trainer = spec["trainer"]
-        args = self._args(list(trainer["args"]))
+        args = self._args(list(self.rendered.inputs["args"]))
         self.output_dir, volumes, mounts = self._output(ctx)
         plan = checkpoints.resume_plan(checkpoints.scan(self.output_dir), total_epochs=self.settings.epochs, adapter=self.rendered.adapter)
         resume: list[str] = []
@@ -210,22 +208,13 @@ class TorchTuneFinetune:
         elif plan.finished:
             log(f"an earlier try saved every epoch in {self.output_dir} but its TrainJob failed; training again")
         out: dict[str, Any] = {
-            "runtime": spec["runtimeRef"]["name"],
-            "runtime_kind": spec["runtimeRef"]["kind"],
-            "command": list(trainer["command"]),
+            **self.rendered.inputs,  # the SDK's job: runtime, command, nodes, resources, initializers
             "args": args,
             "resume_args": resume,  # the same job continued: the retry replaces the failed try's TrainJob
             "volumes": list(ctx.inputs.get("volumes") or []) + volumes,
             "volume_mounts": [m for m in ctx.inputs.get("volume_mounts") or [] if m.get("mountPath") != OUTPUT_MOUNT] + mounts,
+            **local_inputs,
         }
-        for key, value in (("num_nodes", trainer.get("numNodes")), ("resources_per_node", trainer.get("resourcesPerNode"))):
-            if value is not None:
-                out[key] = value
-        for kind, part in (spec.get("initializer") or {}).items():
-            out[f"{kind}_uri"], out[f"{kind}_env"] = part["storageUri"], list(part.get("env") or [])
-            if part.get("secretRef"):
-                out[f"{kind}_secret"] = part["secretRef"]["name"]
-        out.update(local_inputs)
         # The Trainer's rules once more, on the final overrides and the node shape the task's settings give.
         rt = RuntimeTrainer.from_runtime(ctx.runtime.document)
         nodes, nproc, gpus = tune_command.node_shape(

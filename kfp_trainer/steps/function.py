@@ -142,11 +142,9 @@ class FunctionTrainer:
         from ..llm.render import render_function
 
         func_args = self.func_args({s: paths[SPECIAL[s][1:-1]] for s in self.specials})
-        trainer = render_function(ctx.runtime.document, self._settings(func_args, [] if ctx.local else self.packages)).spec["trainer"]
-        out: dict[str, Any] = {"command": trainer["command"]}
-        if "resourcesPerNode" in trainer:  # the SDK's flat resources, as the SDK maps them
-            out["resources_per_node"] = trainer["resourcesPerNode"]
-        return out
+        job = render_function(ctx.runtime.document, self._settings(func_args, [] if ctx.local else self.packages)).inputs
+        # the SDK's flat resources, as the SDK maps them; the rest of the job is the step's own inputs
+        return {k: job[k] for k in ("command", "resources_per_node") if k in job}
 
     def before_launch(self, ctx: Any) -> None:
         """Nothing to prepare."""

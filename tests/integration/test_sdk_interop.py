@@ -247,7 +247,7 @@ def test_builtin_trainer_trainjobs_equal_the_sdks(api_client, cluster, namespace
             _runtime(api_client, case["runtime"]), settings, dataset=_source(case.get("dataset")), model=_source(case.get("model"))
         )
         ours = f"ours-{cid.replace('_', '-')}"
-        _create_ours(api_client, namespace, ours, rendered.spec)
+        _create_ours(api_client, namespace, ours, rendered.sdk_spec())
         _assert_same(_stored(api_client, namespace, ours), _stored(api_client, namespace, sdk_names[cid]), cid)
 
 
@@ -259,7 +259,7 @@ def test_custom_trainer_trainjobs_equal_the_sdks(api_client, cluster, namespace,
         settings = inputs.FunctionTrainerSettings.from_function(getattr(functions, case["func"]), **case["trainer"])
         rendered = render.render_function(_runtime(api_client, case["runtime"]), settings, dataset=_source(case.get("dataset")))
         ours = f"ours-{cid.replace('_', '-')}"
-        _create_ours(api_client, namespace, ours, rendered.spec)
+        _create_ours(api_client, namespace, ours, rendered.sdk_spec())
         _assert_same(_stored(api_client, namespace, ours), _stored(api_client, namespace, sdk_names[cid]), cid)
 
 
@@ -270,7 +270,7 @@ def test_the_comparison_notices_a_single_changed_override(api_client, cluster, n
     rendered = render.render_builtin(
         _runtime(api_client, case["runtime"]), settings, dataset=_source(case["dataset"]), model=_source(case["model"])
     )
-    _create_ours(api_client, namespace, "ours-changed", rendered.spec)
+    _create_ours(api_client, namespace, "ours-changed", rendered.sdk_spec())
     with pytest.raises(AssertionError, match=r"\.spec\.trainer\.args\[0\]: ours 'epochs=3' != SDK 'epochs=1'"):
         _assert_same(_stored(api_client, namespace, "ours-changed"), _stored(api_client, namespace, sdk_name), "lora")
 
