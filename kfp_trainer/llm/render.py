@@ -4,7 +4,7 @@
 ``runtimeRef`` (name and kind), ``trainer`` and ``initializer``. :func:`render_builtin` gives
 the TrainJob inputs (``runtime``, ``command``, ``args``, ``num_nodes``, ``resources_per_node``,
 ``dataset_uri``, ...) for ``BuiltinTrainer(config=TorchTuneConfig(...))`` and
-:func:`render_function` for ``CustomTrainer(func=...)``; the one renderer
+:func:`kfp_trainer.custom_trainer.render_function` for ``CustomTrainer(func=...)``; the one renderer
 (:func:`kfp_trainer.spec.render`) turns them into those parts field for field and value for
 value, so a job moved from the SDK into a pipeline runs the same. Checks come first: the runtime must be of the right kind
 (torchtune for BuiltinTrainer, anything else for functions) and the TrainJob must pass the
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import posixpath
-import shlex
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -38,13 +37,12 @@ from urllib.parse import urlparse
 from kfp_trainer.errors import InvalidSpecErrors, ValidationError
 from kfp_trainer.spec.resources import MIG_PREFIX, flat_names, is_requirements
 
-from .inputs import MODEL_IGNORE_PATTERNS, FunctionTrainerSettings, StorageSource, TorchTuneSettings
+from .inputs import MODEL_IGNORE_PATTERNS, StorageSource, TorchTuneSettings
 from .runtimes import FRAMEWORK_LABEL, TORCHTUNE, TORCHTUNE_ENTRYPOINT, RuntimeTrainer
 from .tune_command import gpus_in, node_shape, recipe_and_config, uses_lora, uses_qlora, webhook_errors
 
 DATASET_PATH = "/workspace/dataset"
 INSTRUCT_DATASET = "torchtune.datasets.instruct_dataset"
-MPI_USER_HOME = "/home/mpiuser"
 
 
 @dataclass(frozen=True)
@@ -173,7 +171,8 @@ def torchtune_args(settings: TorchTuneSettings, dataset: StorageSource | None = 
     return args
 
 
-def _runtime(runtime: dict[str, Any] | RuntimeTrainer) -> RuntimeTrainer:
+def runtime_trainer(runtime: dict[str, Any] | RuntimeTrainer) -> RuntimeTrainer:
+    """The trainer side of a runtime object (or the one given), its problems as :class:`InvalidSpecErrors`."""
     if isinstance(runtime, RuntimeTrainer):
         return runtime
     try:
@@ -195,7 +194,7 @@ def render_builtin(
         InvalidSpecErrors: the runtime is not a torchtune runtime, or the Trainer's webhook would
             refuse the job (each problem with its field, value and what is allowed).
     """
-    rt = _runtime(runtime)
+    rt = runtime_trainer(runtime)
     if not rt.is_torchtune:
         raise InvalidSpecErrors(
             [
@@ -228,96 +227,3 @@ def render_builtin(
     recipe, config = recipe_and_config(rt.name, args, num_nodes=nodes, num_proc_per_node=nproc, gpus_per_node=gpus)
     job.update(initializer_inputs(dataset, model))
     return Rendered(inputs=job, recipe=recipe, config=config, adapter=uses_lora(args) or uses_qlora(args))
-
-
-# --- CustomTrainer ------------------------------------------------------------------------------
-
-_FUNC_SCRIPT = '\nread -r -d \'\' SCRIPT << EOM\n\n{func_code}\nEOM\nprintf "%s" "$SCRIPT" > "{func_file}"\n{entrypoint} "{func_file}"'
-
-
-def _pip_script(packages: list[str], index_urls: list[str], log_file: str) -> str:
-    """Shell that installs ``packages`` (user site first, then system), as the SDK writes it."""
-    pkgs = " ".join(shlex.quote(p) for p in packages)
-    opts = " ".join([f"--index-url {shlex.quote(index_urls[0])}"] + [f"--extra-index-url {shlex.quote(u)}" for u in index_urls[1:]])
-    pip = "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install --quiet \\\n    --no-warn-script-location"
-    lines = [
-        "",
-        'if ! [ -x "$(command -v pip)" ]; then',
-        "    python -m ensurepip || python -m ensurepip --user || apt-get install python-pip",
-        "fi",
-        "",
-        "",
-        f"PACKAGES=({pkgs})",
-        f"PIP_OPTS=({opts})",
-        f'LOG_FILE="{log_file}"',
-        'rm -f "$LOG_FILE"',
-        "",
-        f'if {pip} "${{PIP_OPTS[@]}}" --user "${{PACKAGES[@]}}" >"$LOG_FILE" 2>&1; then',
-        '    echo "Successfully installed Python packages (user): ${PACKAGES[*]}"',
-        f'elif {pip} "${{PIP_OPTS[@]}}" "${{PACKAGES[@]}}" >>"$LOG_FILE" 2>&1; then',
-        '    echo "Successfully installed Python packages (system-wide): ${PACKAGES[*]}"',
-        "else",
-        '    echo "ERROR: Failed to install Python packages: ${PACKAGES[*]}" >&2',
-        '    cat "$LOG_FILE" >&2',
-        "    exit 1",
-        "fi",
-        "",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def function_command(rt: RuntimeTrainer, settings: FunctionTrainerSettings) -> list[str]:
-    """``spec.trainer.command`` for a function: write it to a file in the pod, run it with the runtime's launcher."""
-    entry = rt.entrypoint[0]
-    call = f"{settings.func_name}()" if settings.func_args is None else f"{settings.func_name}(**{settings.func_args})"
-    code = f"{settings.func_source}\n{call}\n"
-    func_file, log_file = settings.func_file, "pip_install.log"
-    if entry == "mpirun":
-        func_file = posixpath.join(MPI_USER_HOME, func_file)
-        log_file = posixpath.join(MPI_USER_HOME, "pip_install.log")
-    script = _FUNC_SCRIPT.format(func_code=code, func_file=func_file, entrypoint="torchrun" if entry == "torchrun" else "python")
-    if settings.packages_to_install:
-        script = _pip_script(settings.packages_to_install, settings.pip_index_urls, log_file) + script
-    prefix = ["mpirun", "--hostfile", "/etc/mpi/hostfile"] if entry == "mpirun" else []
-    return prefix + ["bash", "-c", script]
-
-
-def render_function(
-    runtime: dict[str, Any] | RuntimeTrainer,
-    settings: FunctionTrainerSettings,
-    *,
-    dataset: StorageSource | None = None,
-    model: StorageSource | None = None,
-) -> Rendered:
-    """The TrainJob inputs of ``train(runtime, initializer, CustomTrainer(func, func_args, packages_to_install, ...))``.
-
-    Raises:
-        InvalidSpecErrors: the runtime is a torchtune runtime, or the resources are invalid.
-    """
-    rt = _runtime(runtime)
-    if rt.is_torchtune:
-        raise InvalidSpecErrors(
-            [
-                ValidationError(
-                    "runtime",
-                    rt.name,
-                    "a runtime that runs training functions (torch, MPI, ...); torchtune runtimes take torchtune settings",
-                )
-            ]
-        )
-    job: dict[str, Any] = {"runtime": rt.name, "runtime_kind": rt.kind}
-    if settings.num_nodes:
-        job["num_nodes"] = settings.num_nodes
-    if settings.resources_per_node:
-        try:
-            job["resources_per_node"] = resources_per_node(settings.resources_per_node)
-        except ValidationError as e:
-            raise InvalidSpecErrors([e]) from None
-    job["command"] = function_command(rt, settings)
-    if settings.image:
-        job["image"] = settings.image
-    if settings.env:
-        job["env"] = dict(settings.env)
-    job.update(initializer_inputs(dataset, model))
-    return Rendered(inputs=job)

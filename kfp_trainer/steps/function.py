@@ -2,7 +2,7 @@
 
 The TrainJob is the one the kubeflow SDK 0.5.0 creates for ``CustomTrainer(func, func_args,
 packages_to_install, pip_index_urls, image, num_nodes, resources_per_node, env)``: its command
-(:func:`kfp_trainer.llm.render.render_function`) is a shell script that installs the packages,
+(:func:`kfp_trainer.custom_trainer.render_function`) is a shell script that installs the packages,
 writes the function's source (decorators included) to its file name and starts it with the
 runtime's launcher (``torchrun`` for torch runtimes, ``mpirun`` for MPI, ``python`` otherwise),
 calling ``func(**func_args)`` -- or ``func()`` when there are no arguments; the image and node
@@ -139,7 +139,7 @@ class FunctionTrainer:
 
     def finalize(self, ctx: Any, paths: dict[str, str]) -> dict[str, Any]:
         """The SDK's command (with the artifact parameters' paths among the function's arguments) and resources."""
-        from ..llm.render import render_function
+        from ..custom_trainer import render_function
 
         func_args = self.func_args({s: paths[SPECIAL[s][1:-1]] for s in self.specials})
         job = render_function(ctx.runtime.document, self._settings(func_args, [] if ctx.local else self.packages)).inputs

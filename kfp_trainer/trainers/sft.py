@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from kfp_trainer.data import DatasetError, chat_renderer, load_split
-from kfp_trainer.llm.progress import ProgressReporter
+from kfp_trainer.progress import ProgressReporter
 from kfp_trainer.trainers import checkpointing
 from kfp_trainer.trainers._common import (
     DistEnv,

@@ -30,7 +30,7 @@ from kfp_trainer import spec
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import TimeLimitError
 from kfp_trainer.launcher import Launcher, LaunchOptions
-from kfp_trainer.llm.progress import ProgressReporter
+from kfp_trainer.progress import ProgressReporter
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(240)

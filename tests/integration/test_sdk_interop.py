@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from kfp_trainer import custom_trainer
 from kfp_trainer.llm import inputs, render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -260,7 +261,7 @@ def test_custom_trainer_trainjobs_equal_the_sdks(api_client, cluster, namespace,
     sdk_names = _sdk_create(sdk_python, cluster.kubeconfig, namespace, cases)
     for cid, case in CUSTOM_CASES.items():
         settings = inputs.FunctionTrainerSettings.from_function(getattr(functions, case["func"]), **case["trainer"])
-        rendered = render.render_function(_runtime(api_client, case["runtime"]), settings, dataset=_source(case.get("dataset")))
+        rendered = custom_trainer.render_function(_runtime(api_client, case["runtime"]), settings, dataset=_source(case.get("dataset")))
         ours = f"ours-{cid.replace('_', '-')}"
         _create_ours(api_client, namespace, ours, rendered.sdk_spec())
         _assert_same(_stored(api_client, namespace, ours), _stored(api_client, namespace, sdk_names[cid]), cid)
@@ -321,7 +322,7 @@ def _apply_trainer_status(api_client, namespace: str, name: str, trainer_status:
 
 
 def test_progress_reports_are_stored_like_the_sdks(api_client, cluster, namespace, sdk_python, tmp_path):
-    from kfp_trainer.llm import progress
+    from kfp_trainer import progress
 
     _StatusCapture.seen = []
     server = HTTPServer(("127.0.0.1", 0), _StatusCapture)

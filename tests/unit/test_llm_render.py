@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kfp_trainer import custom_trainer
 from kfp_trainer.errors import InvalidSpecErrors
 from kfp_trainer.llm import render
 from kfp_trainer.llm.inputs import FunctionTrainerSettings, StorageSource, TorchTuneSettings, parse
@@ -208,7 +209,7 @@ def _train(lr=0.1):
 
 def test_a_function_runs_under_torchrun_with_its_arguments_written_as_python():
     s = FunctionTrainerSettings.from_function(_train, func_args={"lr": 0.5}, num_nodes=2, env={"A": "1"})
-    out = render.render_function(runtime(TORCH), s)
+    out = custom_trainer.render_function(runtime(TORCH), s)
     cmd = out.sdk_spec()["trainer"]["command"]
     assert cmd[:2] == ["bash", "-c"]
     assert "def _train(lr=0.1):\n" in cmd[2]
@@ -222,7 +223,7 @@ def test_packages_are_installed_first_with_each_name_shell_quoted():
     s = FunctionTrainerSettings.from_function(
         _train, packages_to_install=["torch>=2", "it's"], pip_index_urls=["https://a/simple", "https://b"]
     )
-    script = render.render_function(runtime(TORCH), s).sdk_spec()["trainer"]["command"][2]
+    script = custom_trainer.render_function(runtime(TORCH), s).sdk_spec()["trainer"]["command"][2]
     assert "PACKAGES=('torch>=2' 'it'\"'\"'s')" in script
     assert "PIP_OPTS=(--index-url https://a/simple --extra-index-url https://b)" in script
     assert script.index("PACKAGES=") < script.index("read -r -d '' SCRIPT")
@@ -230,7 +231,7 @@ def test_packages_are_installed_first_with_each_name_shell_quoted():
 
 def test_mpi_runtimes_run_the_function_from_the_mpi_users_home():
     s = FunctionTrainerSettings.from_function(_train, packages_to_install=["deepspeed"])
-    cmd = render.render_function(runtime("deepspeed_distributed.yaml"), s).sdk_spec()["trainer"]["command"]
+    cmd = custom_trainer.render_function(runtime("deepspeed_distributed.yaml"), s).sdk_spec()["trainer"]["command"]
     assert cmd[:5] == ["mpirun", "--hostfile", "/etc/mpi/hostfile", "bash", "-c"]
     assert 'LOG_FILE="/home/mpiuser/pip_install.log"' in cmd[5]
     assert cmd[5].endswith('python "/home/mpiuser/test_llm_render.py"')
@@ -238,7 +239,7 @@ def test_mpi_runtimes_run_the_function_from_the_mpi_users_home():
 
 def test_a_function_on_a_torchtune_runtime_is_refused():
     with pytest.raises(InvalidSpecErrors, match="torchtune runtimes take torchtune settings"):
-        render.render_function(runtime(QWEN), FunctionTrainerSettings.from_function(_train))
+        custom_trainer.render_function(runtime(QWEN), FunctionTrainerSettings.from_function(_train))
 
 
 def test_a_function_source_that_would_end_the_here_document_is_refused():
