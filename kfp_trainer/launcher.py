@@ -37,11 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from . import cancel, naming, spec
-from .backends import owner
+from . import cancel, spec
 from .backends.base import Backend, Blocker, JobRef, JobStatus, LogLine, Phase, Submission
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
 from .metrics import MetricSeries, from_trainer_status
+from .prepare import PreparedJob, prepare
 from .spec import TrainJobInputs
 from .timing import PhaseTimes, duration
 from .trainer_status import ProgressLog
@@ -171,25 +171,12 @@ class Launcher:
         self.out.write(f"[kfp-trainer] {message}\n")
         self.out.flush()
 
-    def prepare(self, inputs: TrainJobInputs) -> tuple[dict[str, Any], str, str]:
-        """Validate, check the runtime, render. Returns (manifest, api_version, runtime).
+    def prepare(self, inputs: TrainJobInputs) -> PreparedJob:
+        """Check the inputs, read the runtime, render: :func:`kfp_trainer.prepare.prepare` on this backend."""
+        return prepare(self.backend, inputs)
 
-        The manifest names this launcher (see :mod:`kfp_trainer.backends.owner`).
-        """
-        local = bool(getattr(self.backend, "local", False))
-        spec.validate(inputs, api_version=None, local=local)  # everything checkable before any API call
-        if not inputs.namespace:
-            inputs = inputs.model_copy(update={"namespace": self.backend.default_namespace()})
-        info = self.backend.resolve_runtime(inputs)
-        budget = min(naming.max_name_length(), naming.max_name_length(info.replicated_jobs))
-        manifest = spec.render(
-            inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget, local=local,
-            allow_host_access=info.allow_host_access, init_containers=info.init_container_names,
-        )
-        return owner.annotate(manifest), info.api_version, f"{info.kind}/{info.name}"
-
-    def run(self, inputs: TrainJobInputs) -> Outcome:
-        """Run the TrainJob described by ``inputs`` to its end.
+    def run(self, job: PreparedJob | TrainJobInputs) -> Outcome:
+        """Run the TrainJob ``job`` (prepared, or its inputs, prepared here) to its end.
 
         Stop signals are handled from the first instruction (installed here unless the entry
         point did it earlier): nothing is created after one, and what was created is deleted.
@@ -201,7 +188,8 @@ class Launcher:
             InfraError: The cluster stayed unreachable; the job was left to a retry.
         """
         with cancel.handling(), cancel.cancellable():
-            manifest, api_version, runtime = self.prepare(inputs)
+            job = job if isinstance(job, PreparedJob) else self.prepare(job)
+            manifest, api_version, runtime = job.manifest, job.api_version, job.runtime_name
             submission: Submission | None = None
             try:
                 # Stored the moment submit returns (no signal is handled in between): a cancel from

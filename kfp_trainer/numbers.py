@@ -38,3 +38,13 @@ def parse_float(text: str, what: str) -> float:
     if not isinstance(text, str) or not _FLOAT.fullmatch(text):
         raise ValidationError(what, text, "a number written with ASCII digits 0-9 (e.g. 600 or 1.5)")
     return float(text)
+
+
+def int_in(value: object, low: int, high: int) -> bool:
+    """Whether ``value`` is an ``int`` (not a ``bool``) from ``low`` to ``high``.
+
+    Example:
+        >>> int_in(3, 1, 5), int_in(True, 0, 1), int_in(2.0, 1, 5)
+        (True, False, False)
+    """
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high

@@ -2,7 +2,7 @@
 
 With the Trainer's ``TrainJobStatus`` feature gate on, a training process reports its progress
 (percentage, estimated time left, metrics) to the Trainer's status server, which stores it in
-``status.trainerStatus`` (see :mod:`kfp_trainer.llm.progress`). :class:`ProgressLog` turns the
+``status.trainerStatus`` (see :mod:`kfp_trainer.progress`). :class:`ProgressLog` turns the
 updates the launcher's watch sees into
 
 * a line for the step's log when the progress *moves*: the first report, every ``step``

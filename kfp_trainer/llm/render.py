@@ -1,10 +1,12 @@
-"""Settings -> the TrainJob spec the kubeflow SDK 0.5.0 creates for the same ``train()`` call. Pure.
+"""Settings -> the TrainJob inputs that render to what the kubeflow SDK 0.5.0 creates for the same ``train()`` call. Pure.
 
 ``TrainerClient().train(runtime, initializer, trainer)`` fills three parts of ``spec``:
-``runtimeRef`` (name and kind), ``trainer`` and ``initializer``. :func:`render_builtin` does it
-for ``BuiltinTrainer(config=TorchTuneConfig(...))`` and :func:`render_function` for
-``CustomTrainer(func=...)``, field for field and value for value, so a job moved from the SDK
-into a pipeline runs the same. Checks come first: the runtime must be of the right kind
+``runtimeRef`` (name and kind), ``trainer`` and ``initializer``. :func:`render_builtin` gives
+the TrainJob inputs (``runtime``, ``command``, ``args``, ``num_nodes``, ``resources_per_node``,
+``dataset_uri``, ...) for ``BuiltinTrainer(config=TorchTuneConfig(...))`` and
+:func:`kfp_trainer.custom_trainer.render_function` for ``CustomTrainer(func=...)``; the one renderer
+(:func:`kfp_trainer.spec.render`) turns them into those parts field for field and value for
+value, so a job moved from the SDK into a pipeline runs the same. Checks come first: the runtime must be of the right kind
 (torchtune for BuiltinTrainer, anything else for functions) and the TrainJob must pass the
 Trainer v2.3 webhook's torchtune rules (supported model, node count, QLoRA limits).
 
@@ -18,7 +20,7 @@ Example:
     ...                "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}}}}]}}}}
     >>> out = render_builtin(rt, TorchTuneSettings(epochs=2, peft_config=LoraSettings(lora_rank=8)),
     ...                      dataset=StorageSource(storage_uri="hf://tatsu-lab/alpaca/data"))
-    >>> out.spec["trainer"]["args"]
+    >>> out.inputs["args"]
     ['epochs=2', 'dataset.data_dir=/workspace/dataset/data', 'model.lora_rank=8', 'model.lora_attn_modules=[q_proj,v_proj,output_proj]']
     >>> (out.recipe, out.config, out.adapter)
     ('lora_finetune_distributed', 'llama3_2/1B_lora', True)
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import posixpath
-import shlex
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -36,27 +37,38 @@ from urllib.parse import urlparse
 from kfp_trainer.errors import InvalidSpecErrors, ValidationError
 from kfp_trainer.spec.resources import MIG_PREFIX, flat_names, is_requirements
 
-from .inputs import MODEL_IGNORE_PATTERNS, FunctionTrainerSettings, StorageSource, TorchTuneSettings
+from .inputs import MODEL_IGNORE_PATTERNS, StorageSource, TorchTuneSettings
 from .runtimes import FRAMEWORK_LABEL, TORCHTUNE, TORCHTUNE_ENTRYPOINT, RuntimeTrainer
 from .tune_command import gpus_in, node_shape, recipe_and_config, uses_lora, uses_qlora, webhook_errors
 
 DATASET_PATH = "/workspace/dataset"
 INSTRUCT_DATASET = "torchtune.datasets.instruct_dataset"
-MPI_USER_HOME = "/home/mpiuser"
 
 
 @dataclass(frozen=True)
 class Rendered:
-    """The TrainJob ``spec`` parts, and what the fine-tune will produce (torchtune only).
+    """The TrainJob inputs of an SDK ``train()`` call, and what the fine-tune will produce (torchtune only).
 
     ``recipe``/``config`` are what the Trainer controller will run; ``adapter`` is True when
     the output is a LoRA adapter (alongside the merged model), False for full weights.
     """
 
-    spec: dict[str, Any]
+    inputs: dict[str, Any]
     recipe: str | None = None
     config: str | None = None
     adapter: bool = False
+
+    def sdk_spec(self) -> dict[str, Any]:
+        """The ``spec`` parts the SDK writes (``runtimeRef``, ``trainer``, ``initializer``), by the one renderer.
+
+        Example:
+            >>> Rendered({"runtime": "torch-distributed", "command": ["python", "t.py"]}).sdk_spec()["trainer"]
+            {'command': ['python', 't.py']}
+        """
+        from kfp_trainer.spec import TrainJobInputs, render
+
+        manifest = render(TrainJobInputs.parse(**self.inputs, run_id="sdk", task_name="train"))
+        return {k: v for k, v in manifest["spec"].items() if k in ("runtimeRef", "trainer", "initializer")}
 
 
 def resources_per_node(resources: dict[str, Any]) -> dict[str, Any]:
@@ -95,22 +107,22 @@ def _initializer_env(source: StorageSource, *, model: bool) -> list[dict[str, st
     return [{"name": k, "value": v} for k, v in values if v is not None]
 
 
-def render_initializer(dataset: StorageSource | None, model: StorageSource | None) -> dict[str, Any] | None:
-    """``spec.initializer``: each source's ``storageUri`` and ``env``; ``secretRef`` for credentials.
+def initializer_inputs(dataset: StorageSource | None, model: StorageSource | None) -> dict[str, Any]:
+    """``dataset_uri``/``dataset_env``/``dataset_secret`` and the same for ``model`` (credentials only by reference).
 
     Example:
-        >>> render_initializer(StorageSource(storage_uri="hf://org/data"), None)
-        {'dataset': {'storageUri': 'hf://org/data', 'env': []}}
+        >>> initializer_inputs(StorageSource(storage_uri="hf://org/data"), None)
+        {'dataset_uri': 'hf://org/data', 'dataset_env': []}
     """
     out: dict[str, Any] = {}
     for key, source in (("dataset", dataset), ("model", model)):
         if source is None:
             continue
-        part: dict[str, Any] = {"storageUri": source.storage_uri, "env": _initializer_env(source, model=key == "model")}
+        out[f"{key}_uri"] = source.storage_uri
+        out[f"{key}_env"] = _initializer_env(source, model=key == "model")
         if source.secret_ref:
-            part["secretRef"] = {"name": source.secret_ref}
-        out[key] = part
-    return out or None
+            out[f"{key}_secret"] = source.secret_ref
+    return out
 
 
 def _hf_dataset_arg(uri: str) -> str:
@@ -159,7 +171,8 @@ def torchtune_args(settings: TorchTuneSettings, dataset: StorageSource | None = 
     return args
 
 
-def _runtime(runtime: dict[str, Any] | RuntimeTrainer) -> RuntimeTrainer:
+def runtime_trainer(runtime: dict[str, Any] | RuntimeTrainer) -> RuntimeTrainer:
+    """The trainer side of a runtime object (or the one given), its problems as :class:`InvalidSpecErrors`."""
     if isinstance(runtime, RuntimeTrainer):
         return runtime
     try:
@@ -175,13 +188,13 @@ def render_builtin(
     dataset: StorageSource | None = None,
     model: StorageSource | None = None,
 ) -> Rendered:
-    """The spec parts of ``train(runtime, Initializer(dataset, model), BuiltinTrainer(TorchTuneConfig(...)))``.
+    """The TrainJob inputs of ``train(runtime, Initializer(dataset, model), BuiltinTrainer(TorchTuneConfig(...)))``.
 
     Raises:
         InvalidSpecErrors: the runtime is not a torchtune runtime, or the Trainer's webhook would
             refuse the job (each problem with its field, value and what is allowed).
     """
-    rt = _runtime(runtime)
+    rt = runtime_trainer(runtime)
     if not rt.is_torchtune:
         raise InvalidSpecErrors(
             [
@@ -193,123 +206,24 @@ def render_builtin(
                 )
             ]
         )
-    trainer: dict[str, Any] = {}
     errors: list[ValidationError] = []
+    job: dict[str, Any] = {"runtime": rt.name, "runtime_kind": rt.kind}
     if settings.num_nodes:
-        trainer["numNodes"] = settings.num_nodes
+        job["num_nodes"] = settings.num_nodes
     if settings.resources_per_node:
         try:
-            trainer["resourcesPerNode"] = resources_per_node(settings.resources_per_node)
+            job["resources_per_node"] = resources_per_node(settings.resources_per_node)
         except ValidationError as e:
             errors.append(e)
     args = torchtune_args(settings, dataset)
-    trainer["command"] = list(TORCHTUNE_ENTRYPOINT)
-    trainer["args"] = args
-    gpus = gpus_in(trainer.get("resourcesPerNode", rt.resources))
+    job.update(command=list(TORCHTUNE_ENTRYPOINT), args=args)
+    gpus = gpus_in(job.get("resources_per_node", rt.resources))
     refused = webhook_errors(rt.name, args, num_nodes=settings.num_nodes or 1, num_proc_per_node="auto", gpus_per_node=gpus)
     errors += [ValidationError(f, v, a) for f, v, a in refused]
     if errors:
         raise InvalidSpecErrors(errors)
-    nodes, nproc, gpus = node_shape(runtime_resources=rt.resources, runtime_num_nodes=rt.num_nodes, job_trainer=trainer)
+    shape = {"numNodes": job.get("num_nodes"), "resourcesPerNode": job.get("resources_per_node")}
+    nodes, nproc, gpus = node_shape(runtime_resources=rt.resources, runtime_num_nodes=rt.num_nodes, job_trainer=shape)
     recipe, config = recipe_and_config(rt.name, args, num_nodes=nodes, num_proc_per_node=nproc, gpus_per_node=gpus)
-    spec: dict[str, Any] = {"runtimeRef": {"name": rt.name, "kind": rt.kind}, "trainer": trainer}
-    init = render_initializer(dataset, model)
-    if init:
-        spec["initializer"] = init
-    return Rendered(spec=spec, recipe=recipe, config=config, adapter=uses_lora(args) or uses_qlora(args))
-
-
-# --- CustomTrainer ------------------------------------------------------------------------------
-
-_FUNC_SCRIPT = '\nread -r -d \'\' SCRIPT << EOM\n\n{func_code}\nEOM\nprintf "%s" "$SCRIPT" > "{func_file}"\n{entrypoint} "{func_file}"'
-
-
-def _pip_script(packages: list[str], index_urls: list[str], log_file: str) -> str:
-    """Shell that installs ``packages`` (user site first, then system), as the SDK writes it."""
-    pkgs = " ".join(shlex.quote(p) for p in packages)
-    opts = " ".join([f"--index-url {shlex.quote(index_urls[0])}"] + [f"--extra-index-url {shlex.quote(u)}" for u in index_urls[1:]])
-    pip = "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install --quiet \\\n    --no-warn-script-location"
-    lines = [
-        "",
-        'if ! [ -x "$(command -v pip)" ]; then',
-        "    python -m ensurepip || python -m ensurepip --user || apt-get install python-pip",
-        "fi",
-        "",
-        "",
-        f"PACKAGES=({pkgs})",
-        f"PIP_OPTS=({opts})",
-        f'LOG_FILE="{log_file}"',
-        'rm -f "$LOG_FILE"',
-        "",
-        f'if {pip} "${{PIP_OPTS[@]}}" --user "${{PACKAGES[@]}}" >"$LOG_FILE" 2>&1; then',
-        '    echo "Successfully installed Python packages (user): ${PACKAGES[*]}"',
-        f'elif {pip} "${{PIP_OPTS[@]}}" "${{PACKAGES[@]}}" >>"$LOG_FILE" 2>&1; then',
-        '    echo "Successfully installed Python packages (system-wide): ${PACKAGES[*]}"',
-        "else",
-        '    echo "ERROR: Failed to install Python packages: ${PACKAGES[*]}" >&2',
-        '    cat "$LOG_FILE" >&2',
-        "    exit 1",
-        "fi",
-        "",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def function_command(rt: RuntimeTrainer, settings: FunctionTrainerSettings) -> list[str]:
-    """``spec.trainer.command`` for a function: write it to a file in the pod, run it with the runtime's launcher."""
-    entry = rt.entrypoint[0]
-    call = f"{settings.func_name}()" if settings.func_args is None else f"{settings.func_name}(**{settings.func_args})"
-    code = f"{settings.func_source}\n{call}\n"
-    func_file, log_file = settings.func_file, "pip_install.log"
-    if entry == "mpirun":
-        func_file = posixpath.join(MPI_USER_HOME, func_file)
-        log_file = posixpath.join(MPI_USER_HOME, "pip_install.log")
-    script = _FUNC_SCRIPT.format(func_code=code, func_file=func_file, entrypoint="torchrun" if entry == "torchrun" else "python")
-    if settings.packages_to_install:
-        script = _pip_script(settings.packages_to_install, settings.pip_index_urls, log_file) + script
-    prefix = ["mpirun", "--hostfile", "/etc/mpi/hostfile"] if entry == "mpirun" else []
-    return prefix + ["bash", "-c", script]
-
-
-def render_function(
-    runtime: dict[str, Any] | RuntimeTrainer,
-    settings: FunctionTrainerSettings,
-    *,
-    dataset: StorageSource | None = None,
-    model: StorageSource | None = None,
-) -> Rendered:
-    """The spec parts of ``train(runtime, initializer, CustomTrainer(func, func_args, packages_to_install, ...))``.
-
-    Raises:
-        InvalidSpecErrors: the runtime is a torchtune runtime, or the resources are invalid.
-    """
-    rt = _runtime(runtime)
-    if rt.is_torchtune:
-        raise InvalidSpecErrors(
-            [
-                ValidationError(
-                    "runtime",
-                    rt.name,
-                    "a runtime that runs training functions (torch, MPI, ...); torchtune runtimes take torchtune settings",
-                )
-            ]
-        )
-    trainer: dict[str, Any] = {}
-    if settings.num_nodes:
-        trainer["numNodes"] = settings.num_nodes
-    if settings.resources_per_node:
-        try:
-            trainer["resourcesPerNode"] = resources_per_node(settings.resources_per_node)
-        except ValidationError as e:
-            raise InvalidSpecErrors([e]) from None
-    trainer["command"] = function_command(rt, settings)
-    if settings.image:
-        trainer["image"] = settings.image
-    if settings.env:
-        trainer["env"] = [{"name": k, "value": v} for k, v in settings.env.items()]
-    spec: dict[str, Any] = {"runtimeRef": {"name": rt.name, "kind": rt.kind}, "trainer": trainer}
-    init = render_initializer(dataset, model)
-    if init:
-        spec["initializer"] = init
-    return Rendered(spec=spec)
+    job.update(initializer_inputs(dataset, model))
+    return Rendered(inputs=job, recipe=recipe, config=config, adapter=uses_lora(args) or uses_qlora(args))

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfp_trainer.dicts import dig
 from kfp_trainer.errors import ValidationError
 
 FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"
@@ -29,14 +30,6 @@ RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 
 #: ``tune run``: the entrypoint of BuiltinTrainer TrainJobs (the controller completes it).
 TORCHTUNE_ENTRYPOINT: tuple[str, ...] = ("tune", "run")
-
-
-def _get(obj: Any, *path: str) -> Any:
-    for key in path:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
 
 
 @dataclass(frozen=True)
@@ -85,18 +78,18 @@ class RuntimeTrainer:
         """
         if not isinstance(runtime, dict):
             raise ValidationError("runtime", type(runtime).__name__, "the runtime object as the API server returns it (a dict)")
-        name = _get(runtime, "metadata", "name")
+        name = dig(runtime, "metadata", "name")
         kind = runtime.get("kind")
         if not name:
             raise ValidationError("runtime.metadata.name", name, "the runtime's name")
         if kind not in RUNTIME_KINDS:
             raise ValidationError(f"runtime {name}: kind", kind, " or ".join(RUNTIME_KINDS))
-        labels = _get(runtime, "metadata", "labels") or {}
+        labels = dig(runtime, "metadata", "labels") or {}
         framework = labels.get(FRAMEWORK_LABEL)
         if not framework:
             raise ValidationError(f"runtime {name}: label {FRAMEWORK_LABEL}", framework, "a framework name (the SDK needs it too)")
-        ml_policy = _get(runtime, "spec", "mlPolicy")
-        jobs = _get(runtime, "spec", "template", "spec", "replicatedJobs")
+        ml_policy = dig(runtime, "spec", "mlPolicy")
+        jobs = dig(runtime, "spec", "template", "spec", "replicatedJobs")
         if not isinstance(ml_policy, dict) or not isinstance(jobs, list) or not jobs:
             raise ValidationError(f"runtime {name}: spec", "incomplete", "spec.mlPolicy and spec.template.spec.replicatedJobs")
         container = _trainer_container(jobs)
@@ -119,10 +112,10 @@ class RuntimeTrainer:
 
 def _trainer_container(jobs: list[Any]) -> dict[str, Any] | None:
     for job in jobs:
-        labels = _get(job, "template", "metadata", "labels") or {}
+        labels = dig(job, "template", "metadata", "labels") or {}
         if ANCESTOR_LABEL not in labels:
             continue
-        for c in _get(job, "template", "spec", "template", "spec", "containers") or []:
+        for c in dig(job, "template", "spec", "template", "spec", "containers") or []:
             if isinstance(c, dict) and c.get("name") == "node":
                 return c
     return None

@@ -10,6 +10,8 @@
   is merged: the launcher's own fields kept, no credentials, no host access
   (:mod:`~kfp_trainer.spec.host_access`) unless the cluster admin allows it, a size the API
   server accepts;
+* :mod:`~kfp_trainer.spec.manifest` -- the one builder of the manifest, unchecked, under
+  both :mod:`~kfp_trainer.spec.validate` and :mod:`~kfp_trainer.spec.render`;
 * :mod:`~kfp_trainer.spec.render` -- :func:`render` turns valid inputs into a
   ``trainer.kubeflow.org/v1alpha1`` TrainJob for Trainer v2.2+ (``runtimePatches``) or
   v2.1 (``podTemplateOverrides``).
@@ -22,6 +24,7 @@ Example:
     2
 """
 
+from ..dicts import dig
 from ..redaction import find_secret, is_secret_name, redact_text, redact_uri, scrub
 from .inputs import (
     ALLOW_HOST_ACCESS_ANNOTATION,
@@ -55,12 +58,12 @@ from .inputs import (
     VERSION,
     ApiVersion,
     TrainJobInputs,
-    dig,
     env_list,
 )
+from .manifest import deep_merge, lineage_labels, pod_targets, resolve_name
 from .options import check_launch_options
 from .policy import check_manifest
-from .render import build_trainjob, deep_merge, lineage_labels, pod_targets, render, resolve_name
+from .render import build_trainjob, render
 from .validate import validate
 
 __all__ = [

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dicts import dig
+from .inputs import ALLOW_HOST_ACCESS_ANNOTATION
+
 HOST_FLAGS = ("hostNetwork", "hostPID", "hostIPC", "privileged", "allowPrivilegeEscalation")
 # The sysctls and SELinux types the baseline level allows (k8s.io/pod-security-admission v0.36).
 SAFE_SYSCTLS = frozenset({
@@ -28,14 +31,11 @@ SAFE_SYSCTLS = frozenset({
 SELINUX_TYPES = frozenset({"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"})
 
 Setting = tuple[tuple[Any, ...], Any]
-
-
-def _at(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
+#: What a host-access setting needs (the end of each such error).
+HOST_ADMIN = (
+    "host access is refused unless the cluster admin allows it on the ClusterTrainingRuntime "
+    f'(annotation {ALLOW_HOST_ACCESS_ANNOTATION}: "true")'
+)
 
 
 def host_settings(obj: dict[str, Any]) -> list[Setting]:
@@ -45,16 +45,16 @@ def host_settings(obj: dict[str, Any]) -> list[Setting]:
         found.append((("hostPath",), obj["hostPath"]))
     if obj.get("hostPort") not in (None, 0):
         found.append((("hostPort",), obj["hostPort"]))
-    if _at(obj, "capabilities", "add") not in (None, []):
+    if dig(obj, "capabilities", "add") not in (None, []):
         found.append((("capabilities", "add"), obj["capabilities"]["add"]))
     if obj.get("mountPropagation") == "Bidirectional":
         found.append((("mountPropagation",), "Bidirectional"))
     if obj.get("procMount") not in (None, "Default"):
         found.append((("procMount",), obj["procMount"]))
     for profile in ("seccompProfile", "appArmorProfile"):
-        if _at(obj, profile, "type") == "Unconfined":
+        if dig(obj, profile, "type") == "Unconfined":
             found.append(((profile, "type"), "Unconfined"))
-    if _at(obj, "windowsOptions", "hostProcess") is True:
+    if dig(obj, "windowsOptions", "hostProcess") is True:
         found.append((("windowsOptions", "hostProcess"), True))
     selinux = obj.get("seLinuxOptions")
     if isinstance(selinux, dict):

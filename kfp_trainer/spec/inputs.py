@@ -273,14 +273,3 @@ def env_list(env: dict[str, str] | list[dict[str, Any]]) -> list[dict[str, Any]]
     return [dict(e) for e in env]
 
 
-def dig(obj: Any, *keys: str) -> Any:
-    """``obj[k1][k2]...``, or ``None`` where a level is missing (or not a mapping).
-
-    Example:
-        >>> dig({"spec": {"template": {}}}, "spec", "template", "spec")
-    """
-    for key in keys:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj

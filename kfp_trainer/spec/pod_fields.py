@@ -23,8 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ValidationError
+from ..numbers import int_in
 from . import env_rules, rules
-from .host_access import host_settings
+from .host_access import HOST_ADMIN, host_settings
 from .inputs import INT64_MAX, MANAGERS, MULTIKUEUE, TrainJobInputs
 
 MAX_SCHEDULING_GATES = 16  # the TrainJob CRD's limit
@@ -44,10 +45,6 @@ _CHOICES = {
     "procMount": ("Default", "Unmasked"),
 }
 _PROFILES = ("RuntimeDefault", "Localhost", "Unconfined")
-_HOST_ADMIN = (
-    "unset: host access is refused unless the cluster admin allows it on the ClusterTrainingRuntime "
-    '(annotation kfp-trainer.kubeflow.org/allow-host-access: "true")'
-)
 _INIT_ONLY = (
     "a patch of an init container the runtime defines: {keys}{note} -- the Trainer API cannot add init containers or set "
     "their image or command; define those in a TrainingRuntime"
@@ -60,13 +57,13 @@ def check_security_context(field: str, value: Any, keys: Sequence[str], allow_ho
         return [ValidationError(field, value, "a map (a Kubernetes SecurityContext)")]
     errors = [ValidationError(f"{field}.{k}", value[k], f"a SecurityContext field: {', '.join(keys)}") for k in value if k not in keys]
     for key in ("runAsUser", "runAsGroup", "fsGroup"):
-        if key in value and not _int_in(value[key], 0, INT64_MAX):
+        if key in value and not int_in(value[key], 0, INT64_MAX):
             errors.append(ValidationError(f"{field}.{key}", value[key], "a user or group id >= 0"))
     for key in ("runAsNonRoot", "privileged", "allowPrivilegeEscalation", "readOnlyRootFilesystem"):
         if key in value and not isinstance(value[key], bool):
             errors.append(ValidationError(f"{field}.{key}", value[key], "true or false"))
     groups = value.get("supplementalGroups", [])
-    if not isinstance(groups, list) or not all(_int_in(g, 0, INT64_MAX) for g in groups):
+    if not isinstance(groups, list) or not all(int_in(g, 0, INT64_MAX) for g in groups):
         errors.append(ValidationError(f"{field}.supplementalGroups", groups, "a list of group ids >= 0"))
     for key, choices in _CHOICES.items():
         if key in value and value[key] not in choices:
@@ -81,7 +78,7 @@ def check_security_context(field: str, value: Any, keys: Sequence[str], allow_ho
     if not errors and allow_host_access is False:
         for where, setting in host_settings(value):
             path = field + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where)
-            errors.append(ValidationError(path, setting, _HOST_ADMIN))
+            errors.append(ValidationError(path, setting, "unset: " + HOST_ADMIN))
     return errors
 
 
@@ -91,10 +88,6 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, list):
         return [s for v in value for s in _strings(v)]
     return [value] if isinstance(value, str) else []
-
-
-def _int_in(value: Any, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def check_init_containers(inputs: TrainJobInputs, api_version: str | None, allow_host_access: bool | None) -> list[ValidationError]:
@@ -130,7 +123,7 @@ def check_init_containers(inputs: TrainJobInputs, api_version: str | None, allow
             if "subPath" in mount:
                 errors += rules.check_local_path(f"{at}.subPath", mount["subPath"], absolute=False)
             if mount.get("mountPropagation") == "Bidirectional" and allow_host_access is False:
-                errors.append(ValidationError(f"{at}.mountPropagation", "Bidirectional", _HOST_ADMIN))
+                errors.append(ValidationError(f"{at}.mountPropagation", "Bidirectional", "unset: " + HOST_ADMIN))
         if "securityContext" in item and "securityContext" in keys:
             context = item["securityContext"]
             errors += check_security_context(f"{where}.securityContext", context, CONTAINER_SECURITY_KEYS, allow_host_access)

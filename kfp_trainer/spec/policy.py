@@ -34,12 +34,13 @@ import json
 import math
 from typing import Any
 
+from ..dicts import dig
 from ..errors import ValidationError
+from ..numbers import int_in
 from ..redaction import HIDDEN
 from . import env_rules, rules
-from .host_access import host_settings
+from .host_access import HOST_ADMIN, host_settings
 from .inputs import (
-    ALLOW_HOST_ACCESS_ANNOTATION,
     INITIALIZER_JOBS,
     INT64_MAX,
     LABEL_MANAGED_BY,
@@ -59,10 +60,6 @@ _SPEC_KEYS = {
     "v2.2": {"activeDeadlineSeconds", "initializer", "managedBy", "runtimePatches", "runtimeRef", "suspend", "trainer"},
     "v2.1": {"annotations", "initializer", "labels", "managedBy", "podTemplateOverrides", "runtimeRef", "suspend", "trainer"},
 }
-_HOST_ADMIN = (
-    f"unset: host access is refused unless the cluster admin allows it on the ClusterTrainingRuntime "
-    f'(annotation {ALLOW_HOST_ACCESS_ANNOTATION}: "true")'
-)
 
 
 def fmt(path: Path) -> str:
@@ -71,18 +68,6 @@ def fmt(path: Path) -> str:
     for key in path:
         out = rules.key_path(out, key)
     return out
-
-
-def get(obj: Any, path: Path) -> Any:
-    """The value at ``path``, or a sentinel when absent."""
-    for key in path:
-        if isinstance(obj, dict) and key in obj:
-            obj = obj[key]
-        elif isinstance(obj, list) and isinstance(key, int) and 0 <= key < len(obj):
-            obj = obj[key]
-        else:
-            return _ABSENT
-    return obj
 
 
 _ABSENT = object()
@@ -98,14 +83,14 @@ class _Checker:
         self.checked_env: set[Path] = set()
 
     def name(self, path: Path) -> str:
-        return ("patch." if get(self.manifest, path) != get(self.base, path) else "") + fmt(path)
+        return ("patch." if dig(self.manifest, *path, default=_ABSENT) != dig(self.base, *path, default=_ABSENT) else "") + fmt(path)
 
     def add(self, path: Path, value: Any, allowed: str) -> None:
         self.errors.append(ValidationError(self.name(path), value, allowed))
 
     def fixed(self, path: Path, how: str) -> None:
         """The launcher's value at ``path`` must survive the patch unchanged."""
-        now, was = get(self.manifest, path), get(self.base, path)
+        now, was = dig(self.manifest, *path, default=_ABSENT), dig(self.base, *path, default=_ABSENT)
         if now != was:
             self.add(path, None if now is _ABSENT else now, f"unchanged ({'absent' if was is _ABSENT else repr(was)}): {how}")
 
@@ -132,7 +117,7 @@ class _Checker:
             if not isinstance(values, dict):
                 self.add(("metadata", field), values, "a map")
                 continue
-            base_values = get(self.base, ("metadata", field))
+            base_values = dig(self.base, "metadata", field, default=_ABSENT)
             for key in set(values) | set(base_values if isinstance(base_values, dict) else {}):
                 if isinstance(key, str) and (key.startswith(LABEL_PREFIX) or key == LABEL_MANAGED_BY):
                     self.fixed(("metadata", field, key), "the launcher's lineage (adoption and clean-up rely on it)")
@@ -151,7 +136,7 @@ class _Checker:
                     ("spec", key), "...", f"a TrainJob {self.api_version or ''} spec field: {', '.join(sorted(allowed))}".replace("  ", " ")
                 )
         self.fixed(("spec", "runtimeRef"), "set it with the runtime and runtime_kind inputs")
-        managed, rendered = spec.get("managedBy") or TRAINER_CONTROLLER, get(self.base, ("spec", "managedBy"))
+        managed, rendered = spec.get("managedBy") or TRAINER_CONTROLLER, dig(self.base, "spec", "managedBy", default=_ABSENT)
         if managed != (TRAINER_CONTROLLER if rendered in (_ABSENT, None, "") else rendered):
             want = rendered if isinstance(rendered, str) else "unset"
             self.add(("spec", "managedBy"), managed, f"{want}: set it with the managed_by input")
@@ -159,7 +144,7 @@ class _Checker:
             self.add(("spec", "managedBy"), managed, f"unset, {' or '.join(MANAGERS)}")
         if "suspend" in spec and not isinstance(spec["suspend"], bool):
             self.add(("spec", "suspend"), spec["suspend"], "true or false")
-        if "activeDeadlineSeconds" in spec and not _int_in(spec["activeDeadlineSeconds"], 1, INT64_MAX):
+        if "activeDeadlineSeconds" in spec and not int_in(spec["activeDeadlineSeconds"], 1, INT64_MAX):
             self.add(("spec", "activeDeadlineSeconds"), spec["activeDeadlineSeconds"], "an integer >= 1")
         self.check_trainer(spec.get("trainer", {}))
         self.check_initializer(spec.get("initializer", {}))
@@ -169,12 +154,12 @@ class _Checker:
         at = ("spec", "trainer")
         if not isinstance(trainer, dict):
             return self.add(at, trainer, "a map")
-        if "numNodes" in trainer and not _int_in(trainer["numNodes"], 1, MAX_NODES):
+        if "numNodes" in trainer and not int_in(trainer["numNodes"], 1, MAX_NODES):
             self.add((*at, "numNodes"), trainer["numNodes"], f"an integer from 1 to {MAX_NODES}")
         if "numProcPerNode" in trainer:
             ppn = trainer["numProcPerNode"]
             words = ("auto", "cpu", "gpu") if self.api_version in ("v2.1", None) else ()
-            if not (_int_in(ppn, 1, MAX_PROC_PER_NODE) or ppn in words):
+            if not (int_in(ppn, 1, MAX_PROC_PER_NODE) or ppn in words):
                 self.add(
                     (*at, "numProcPerNode"), ppn, f"an integer from 1 to {MAX_PROC_PER_NODE}" + (" or auto, cpu, gpu" if words else "")
                 )
@@ -218,9 +203,9 @@ class _Checker:
         if not isinstance(patches, list):
             return self.add(("spec", "runtimePatches"), patches, "a list")
         for i, patch in enumerate(patches):
-            jobs = get(patch, ("trainingRuntimeSpec", "template", "spec", "replicatedJobs"))
+            jobs = dig(patch, "trainingRuntimeSpec", "template", "spec", "replicatedJobs", default=_ABSENT)
             for j, job in enumerate(jobs if isinstance(jobs, list) else []):
-                containers = get(job, ("template", "spec", "template", "spec", "containers"))
+                containers = dig(job, "template", "spec", "template", "spec", "containers", default=_ABSENT)
                 for k, container in enumerate(containers if isinstance(containers, list) else []):
                     if isinstance(container, dict) and container.get("name") in ("node", *INITIALIZER_JOBS) and container.get("env"):
                         path = ("spec", "runtimePatches", i, "trainingRuntimeSpec", "template", "spec", "replicatedJobs", j,
@@ -259,7 +244,7 @@ class _Checker:
         if self.allow_host_access is not False:  # allowed, or not known yet (render decides)
             return
         for where, value in host_settings(obj):
-            self.add((*path, *where), value, _HOST_ADMIN)
+            self.add((*path, *where), value, "unset: " + HOST_ADMIN)
 
     def check_sizes(self) -> None:
         total = _json_size(self.manifest)
@@ -272,7 +257,7 @@ class _Checker:
                 "Jobs and pods the controllers copy it into refuse larger objects): move large content to a volume or ConfigMap",
             )
         for path in _metadata_paths(self.manifest):
-            annotations = get(self.manifest, (*path, "annotations"))
+            annotations = dig(self.manifest, *path, "annotations", default=_ABSENT)
             if isinstance(annotations, dict):
                 size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
                 if size > MAX_ANNOTATIONS_BYTES:
@@ -281,10 +266,6 @@ class _Checker:
                         rules.size_text(size),
                         f"annotations of at most {rules.size_text(MAX_ANNOTATIONS_BYTES)} in all",
                     )
-
-
-def _int_in(value: Any, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _json_size(value: Any) -> int:
@@ -305,9 +286,10 @@ def _largest(value: Any, path: Path = ()) -> tuple[Path, int]:
 def _metadata_paths(manifest: dict[str, Any]) -> list[Path]:
     paths: list[Path] = [("metadata",)]
     template = ("spec", "runtimePatches")
-    for i, patch in enumerate(get(manifest, template) if isinstance(get(manifest, template), list) else []):
+    patches = dig(manifest, *template)
+    for i, patch in enumerate(patches if isinstance(patches, list) else []):
         paths.append((*template, i, "trainingRuntimeSpec", "template", "metadata"))
-        jobs = get(patch, ("trainingRuntimeSpec", "template", "spec", "replicatedJobs"))
+        jobs = dig(patch, "trainingRuntimeSpec", "template", "spec", "replicatedJobs", default=_ABSENT)
         for j, _ in enumerate(jobs if isinstance(jobs, list) else []):
             paths.append(
                 (*template, i, "trainingRuntimeSpec", "template", "spec", "replicatedJobs", j, "template", "spec", "template", "metadata")
@@ -349,4 +331,4 @@ def check_manifest(
     return unique
 
 
-__all__ = ["HIDDEN", "check_manifest", "fmt", "get"]
+__all__ = ["HIDDEN", "check_manifest", "fmt"]

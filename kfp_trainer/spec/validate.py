@@ -13,8 +13,8 @@ from __future__ import annotations
 from .. import naming
 from ..errors import InvalidSpecErrors, ValidationError
 from . import env_rules, rules
+from .host_access import HOST_ADMIN
 from .inputs import (
-    ALLOW_HOST_ACCESS_ANNOTATION,
     API_VERSIONS,
     DATASET_SCHEMES,
     INITIALIZER_JOBS,
@@ -34,15 +34,13 @@ from .inputs import (
     TrainJobInputs,
     env_list,
 )
+from .manifest import build
 from .pod_fields import check_pod_fields
+from .policy import check_manifest
 
 _TOLERATION_OPERATORS = ("Exists", "Equal")
 _TOLERATION_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
 _AFFINITY_KEYS = ("nodeAffinity", "podAffinity", "podAntiAffinity")
-_HOST_ADMIN = (
-    "host access is refused unless the cluster admin allows it on the ClusterTrainingRuntime "
-    f'(annotation {ALLOW_HOST_ACCESS_ANNOTATION}: "true")'
-)
 _MAX_IDENTITY = 1024
 
 
@@ -59,7 +57,7 @@ def _check_volumes(inputs: TrainJobInputs, allow_host_access: bool | None) -> li
         if len(sources) != 1:
             errors.append(ValidationError(f"volumes[{i}]", volume, "a Volume with a source (exactly one), e.g. persistentVolumeClaim"))
         elif "hostPath" in sources and allow_host_access is False:
-            errors.append(ValidationError(f"volumes[{i}].hostPath", volume["hostPath"], "another volume source: " + _HOST_ADMIN))
+            errors.append(ValidationError(f"volumes[{i}].hostPath", volume["hostPath"], "another volume source: " + HOST_ADMIN))
     known = names | {"initializer"}  # Trainer runtimes declare "initializer"
     for i, mount in enumerate(inputs.volume_mounts):
         if mount.get("name") not in known:
@@ -73,7 +71,7 @@ def _check_volumes(inputs: TrainJobInputs, allow_host_access: bool | None) -> li
             errors += rules.check_local_path(f"volume_mounts[{i}].subPath", mount["subPath"], absolute=False)
         if mount.get("mountPropagation") == "Bidirectional" and allow_host_access is False:
             errors.append(
-                ValidationError(f"volume_mounts[{i}].mountPropagation", "Bidirectional", "None or HostToContainer: " + _HOST_ADMIN)
+                ValidationError(f"volume_mounts[{i}].mountPropagation", "Bidirectional", "None or HostToContainer: " + HOST_ADMIN)
             )
     return errors
 
@@ -229,6 +227,22 @@ def validate(
         kfp_trainer.errors.InvalidSpecErrors: 1 invalid input(s):
           - num_nodes: got 0; expected an integer from 1 to 1024
     """
+    e = input_errors(inputs, api_version=api_version, local=local, allow_host_access=allow_host_access)
+    if not e:
+        e = _unique(_check_rendered(inputs, api_version, local, allow_host_access))
+    if e:
+        raise InvalidSpecErrors(e)
+    return inputs
+
+
+def input_errors(
+    inputs: TrainJobInputs,
+    *,
+    api_version: ApiVersion | None = "v2.2",
+    local: bool = False,
+    allow_host_access: bool | None = None,
+) -> list[ValidationError]:
+    """Every problem of the inputs themselves, field by field (:func:`validate` without the rendered job's checks)."""
     e: list[ValidationError] = []
     if api_version is not None and api_version not in API_VERSIONS:
         e.append(ValidationError("api_version", api_version, f"one of {', '.join(API_VERSIONS)} or auto"))
@@ -256,24 +270,16 @@ def validate(
     e += _check_volumes(inputs, allow_host_access) + _check_scheduling(inputs)
     e += _check_lifecycle(inputs, api_version)
     e += check_pod_fields(inputs, api_version, allow_host_access)
-    if not e:
-        e += _check_rendered(inputs, api_version, local, allow_host_access)
-    if e:
-        raise InvalidSpecErrors(_unique(e))
-    return inputs
+    return _unique(e)
 
 
 def _check_rendered(
     inputs: TrainJobInputs, api_version: ApiVersion | None, local: bool, allow_host_access: bool | None
 ) -> list[ValidationError]:
     """The job as rendered, patch merged: the launcher's fields kept, nothing unsafe added, not too large."""
-    from .policy import check_manifest
-    from .render import build
-
     version: ApiVersion = api_version or "v2.2"
     try:  # the runtime's name budget is checked by render; here only the RFC-1035 limit
-        base = build(inputs, api_version=version, max_name_length=naming.DNS_LABEL_MAX, merge_patch=False)
-        manifest = build(inputs, api_version=version, max_name_length=naming.DNS_LABEL_MAX)
+        base, manifest = build(inputs, api_version=version, max_name_length=naming.DNS_LABEL_MAX)
     except ValidationError as err:
         return [err]
     return check_manifest(manifest, base=base, api_version=api_version, allow_host_access=allow_host_access, local=local)

@@ -40,7 +40,7 @@ from .common import (
 from .evaluate import compare, read_metrics_artifact, run_evaluate, run_lm_eval
 from .finetune import run_torchtune_finetune
 from .finetune_inputs import torchtune_finetune_arguments
-from .function import BOOTSTRAP, function_command, run_function_job
+from .function import run_function_job
 from .initializers import run_initializer
 from .preference import run_preference_eval
 from .sweep import run_select_best
@@ -48,13 +48,11 @@ from .train_job import normalize_values, run_train_job, train_job_inputs
 from .trl import run_trl_finetune, trl_arguments
 
 __all__ = [
-    "BOOTSTRAP",
     "compare",
     "copy_dir",
     "dir_stats",
     "exit_on_error",
     "finite",
-    "function_command",
     "identity_from_uri",
     "log",
     "model_metadata",

@@ -116,11 +116,12 @@ def check_trl_finetune(values: Mapping[str, Any]) -> None:
     _raise(errors + launch_option_errors(values, _TORCHTUNE_LAUNCH) + trainjob_errors(args["inputs"], local=_local(values)))
 
 
-def torchtune_errors(args: Mapping[str, Any], *, local: bool) -> list[ValidationError]:
+def torchtune_errors(args: Mapping[str, Any], *, local: bool, trainjob: bool = True) -> list[ValidationError]:
     """Problems of a fine-tune's settings, sources and TrainJob inputs, before its runtime is known.
 
     ``args`` are :func:`~kfp_trainer.steps.finetune_inputs.torchtune_finetune_arguments`' (the step checks
-    its own arguments with this first, so both times give the same message).
+    its own arguments with this first, so both times give the same message). ``trainjob=False`` leaves
+    the TrainJob inputs out: the step checks them in :func:`~kfp_trainer.steps.train_job.plan_inputs`.
     """
     from ..llm.tune_output import check_overrides
     from ..spec import rules
@@ -144,7 +145,7 @@ def torchtune_errors(args: Mapping[str, Any], *, local: bool) -> list[Validation
         errors += rules.check_args("overrides", args["overrides"])
     prompt = (args.get("settings") or {}).get("system_prompt")
     errors += rules.check_secret_text("system_prompt", prompt) if isinstance(prompt, str) else []
-    return errors + trainjob_errors(job, local=local)
+    return errors + (trainjob_errors(job, local=local) if trainjob else [])
 
 
 def check_function(values: Mapping[str, Any], function: Mapping[str, Any] | None = None) -> None:

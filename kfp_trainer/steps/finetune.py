@@ -1,9 +1,9 @@
 """Run-time work of the ``torchtune_finetune`` component: a BuiltinTrainer fine-tune in a torchtune runtime.
 
 The TrainJob is the one the kubeflow SDK 0.5.0 creates for ``TrainerClient().train(runtime,
-Initializer(dataset, model), BuiltinTrainer(TorchTuneConfig(...)))`` (rendered by
+Initializer(dataset, model), BuiltinTrainer(TorchTuneConfig(...)))`` (its inputs given by
 :func:`kfp_trainer.llm.render.render_builtin`, which also refuses a runtime that is not a
-torchtune runtime), plus what a pipeline step needs around it:
+torchtune runtime; the step renders them once), plus what a pipeline step needs around it:
 
 * **The model gets out.** The runtimes write to ``/workspace/output`` on their ``initializer``
   volume, which is deleted with the TrainJob. The step mounts a folder of the volume it shares
@@ -118,6 +118,18 @@ class TorchTuneFinetune:
             raise InvalidSpecErrors([ValidationError(f"{kind}_options", options, f"nothing for {uri}: they apply to hf:// and s3://")])
         return None, {f"{kind}_uri": uri, **({f"{kind}_secret": secret} if secret else {})}  # builtin:// or file:// (local mode)
 
+    def source_inputs(self) -> dict[str, Any]:
+        """The sources as the TrainJob will carry them (checked with the step's inputs before the runtime is read).
+
+        Raises:
+            InvalidSpecErrors: A secret or options without a URI, options for a local URI.
+        """
+        out: dict[str, Any] = {}
+        for kind in ("dataset", "model"):
+            out.update(self.storage(kind)[1])
+            out.setdefault(f"{kind}_uri", self.sources[kind][0] or None)  # the initializer's URI
+        return out
+
     def _args(self, args: list[str]) -> list[str]:
         if self.dataset_path:
             arg = dataset_path_arg(self.dataset_path)
@@ -185,9 +197,7 @@ class TorchTuneFinetune:
         if errors:
             raise InvalidSpecErrors(errors)
         self.rendered = render.render_builtin(ctx.runtime.document, self.settings, dataset=found["dataset"], model=found["model"])
-        spec = self.rendered.spec
-        trainer = spec["trainer"]
-        args = self._args(list(trainer["args"]))
+        args = self._args(list(self.rendered.inputs["args"]))
         self.output_dir, volumes, mounts = self._output(ctx)
         plan = checkpoints.resume_plan(checkpoints.scan(self.output_dir), total_epochs=self.settings.epochs, adapter=self.rendered.adapter)
         resume: list[str] = []
@@ -198,22 +208,13 @@ class TorchTuneFinetune:
         elif plan.finished:
             log(f"an earlier try saved every epoch in {self.output_dir} but its TrainJob failed; training again")
         out: dict[str, Any] = {
-            "runtime": spec["runtimeRef"]["name"],
-            "runtime_kind": spec["runtimeRef"]["kind"],
-            "command": list(trainer["command"]),
+            **self.rendered.inputs,  # the SDK's job: runtime, command, nodes, resources, initializers
             "args": args,
             "resume_args": resume,  # the same job continued: the retry replaces the failed try's TrainJob
             "volumes": list(ctx.inputs.get("volumes") or []) + volumes,
             "volume_mounts": [m for m in ctx.inputs.get("volume_mounts") or [] if m.get("mountPath") != OUTPUT_MOUNT] + mounts,
+            **local_inputs,
         }
-        for key, value in (("num_nodes", trainer.get("numNodes")), ("resources_per_node", trainer.get("resourcesPerNode"))):
-            if value is not None:
-                out[key] = value
-        for kind, part in (spec.get("initializer") or {}).items():
-            out[f"{kind}_uri"], out[f"{kind}_env"] = part["storageUri"], list(part.get("env") or [])
-            if part.get("secretRef"):
-                out[f"{kind}_secret"] = part["secretRef"]["name"]
-        out.update(local_inputs)
         # The Trainer's rules once more, on the final overrides and the node shape the task's settings give.
         rt = RuntimeTrainer.from_runtime(ctx.runtime.document)
         nodes, nproc, gpus = tune_command.node_shape(
@@ -309,7 +310,8 @@ def run_torchtune_finetune(
 
     arguments = {"method": method, "settings": settings, "sources": sources, "dataset_path": dataset_path,
                  "learning_rate": learning_rate, "seed": seed, "overrides": overrides, "inputs": launch.get("inputs")}  # fmt: skip
-    errors = torchtune_errors(arguments, local=True)  # what a built pipeline checked too; the backend's rules follow
+    # What a built pipeline checked too, the TrainJob inputs left to run_train_job (checked once there).
+    errors = torchtune_errors(arguments, local=True, trainjob=False)
     if errors:
         raise InvalidSpecErrors(errors)
     trainer = TorchTuneFinetune(

@@ -2,7 +2,7 @@
 
 The TrainJob is the one the kubeflow SDK 0.5.0 creates for ``CustomTrainer(func, func_args,
 packages_to_install, pip_index_urls, image, num_nodes, resources_per_node, env)``: its command
-(:func:`kfp_trainer.llm.render.render_function`) is a shell script that installs the packages,
+(:func:`kfp_trainer.custom_trainer.render_function`) is a shell script that installs the packages,
 writes the function's source (decorators included) to its file name and starts it with the
 runtime's launcher (``torchrun`` for torch runtimes, ``mpirun`` for MPI, ``python`` otherwise),
 calling ``func(**func_args)`` -- or ``func()`` when there are no arguments; the image and node
@@ -18,45 +18,17 @@ the function can collide with a name of the body).
 
 Locally the function runs in this environment: nothing is installed, and a package it needs
 that is missing here fails the step before anything starts, naming it.
-
-:func:`function_command` and :data:`BOOTSTRAP` are the command of components compiled by
-earlier versions, kept so that their YAML still runs; so is :func:`run_function_job`'s signature.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
 from typing import Any
 
 from ..errors import InvalidSpecErrors, ValidationError
 
 #: The artifact parameters of a function and the placeholder each gets.
 SPECIAL = {"dataset_dir": "{dataset}", "model_dir": "{model}", "output_dir": "{output_model}"}
-
-BOOTSTRAP = """\
-import base64, json, os, sys, tempfile
-source, function, arguments, launch = base64.b64decode(sys.argv[1]).decode(), sys.argv[2], sys.argv[3], sys.argv[4]
-path = os.path.join(tempfile.mkdtemp(prefix="kfp-trainer-"), "trainjob_function.py")
-with open(path, "w") as f:
-    f.write(source + "\\n\\nif __name__ == '__main__':\\n    import json, sys\\n    " + function + "(**json.loads(sys.argv[1]))\\n")
-if launch == "torchrun" and os.environ.get("PET_NNODES"):
-    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", path, arguments])
-os.execv(sys.executable, [sys.executable, path, arguments])
-"""
-
-
-def function_command(source: str, function: str, arguments: dict[str, Any], *, torchrun: bool) -> list[str]:
-    """The TrainJob command of components compiled by earlier versions (kept for their YAML).
-
-    Example:
-        >>> function_command("def f(): pass", "f", {}, torchrun=False)[:2]
-        ['python', '-c']
-    """
-    encoded = base64.b64encode(source.encode()).decode()
-    return ["python", "-c", BOOTSTRAP, encoded, function, json.dumps(arguments, sort_keys=True), "torchrun" if torchrun else "plain"]
-
 
 def missing_packages(requirements: list[str]) -> list[str]:
     """The requirements this environment does not satisfy (name and version specifier).
@@ -167,14 +139,12 @@ class FunctionTrainer:
 
     def finalize(self, ctx: Any, paths: dict[str, str]) -> dict[str, Any]:
         """The SDK's command (with the artifact parameters' paths among the function's arguments) and resources."""
-        from ..llm.render import render_function
+        from ..custom_trainer import render_function
 
         func_args = self.func_args({s: paths[SPECIAL[s][1:-1]] for s in self.specials})
-        trainer = render_function(ctx.runtime.document, self._settings(func_args, [] if ctx.local else self.packages)).spec["trainer"]
-        out: dict[str, Any] = {"command": trainer["command"]}
-        if "resourcesPerNode" in trainer:  # the SDK's flat resources, as the SDK maps them
-            out["resources_per_node"] = trainer["resourcesPerNode"]
-        return out
+        job = render_function(ctx.runtime.document, self._settings(func_args, [] if ctx.local else self.packages)).inputs
+        # the SDK's flat resources, as the SDK maps them; the rest of the job is the step's own inputs
+        return {k: job[k] for k in ("command", "resources_per_node") if k in job}
 
     def before_launch(self, ctx: Any) -> None:
         """Nothing to prepare."""

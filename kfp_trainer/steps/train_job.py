@@ -16,13 +16,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import cancel, naming
-from ..errors import InvalidSpecErrors, UserError
+from ..errors import InvalidSpecErrors
 from .common import (
-    copy_dir,
-    dir_stats,
-    finite,
     log,
-    model_metadata,
     resolve_identity,
     resolve_scope,
     shared_dir,
@@ -159,6 +155,23 @@ def train_job_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (None if k in _UNSET and v == _UNSET[k] else v) for k, v in values.items() if k not in _NOT_TRAINJOB}
 
 
+@dataclass
+class StepArtifacts:
+    """The step's input and output artifacts, and the file that gets the TrainJob's ``namespace/name``."""
+
+    output_model: Any
+    metrics: Any
+    report: Any
+    trainjob_path: str
+    dataset: Any = None
+    model: Any = None
+
+    def write_trainjob(self, ref: Any) -> None:
+        """Write ``namespace/name`` to the ``trainjob`` output (as soon as the job is known)."""
+        Path(self.trainjob_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(self.trainjob_path).write_text(str(ref))
+
+
 @cancel.entry_point  # first: from here on a KFP cancel ends with the TrainJob deleted or never created
 def run_train_job(
     *,
@@ -181,6 +194,10 @@ def run_train_job(
     trainer: TypedTrainer | None = None,
 ) -> Any:
     """Run one TrainJob for the ``train_job`` component and fill its outputs.
+
+    The stages, in order: identity, launch options, backend and task folder, paths (and the
+    typed trainer's inputs), :func:`~kfp_trainer.prepare.prepare` (every check; nothing is
+    written before it), staging, launch, copy-out, model metadata, metrics, report.
 
     Args:
         inputs: The component's TrainJob inputs (``None`` = not set), plus ``task_id``
@@ -206,16 +223,44 @@ def run_train_job(
         The launcher's ``Outcome``.
     """
     from ..backends import select_backend
-    from ..launcher import Launcher, LaunchOptions
-    from ..report import outcome_data, render_html
-    from ..spec import TrainJobInputs, check_launch_options
-    from ..staging import choose_shared_root, plan_paths
+    from ..launcher import Launcher
+    from ..prepare import is_local, prepare
     from ..taskconfig import merge_task_config
+    from .outputs import copy_out, log_metrics, record_model, write_report
 
+    artifacts = StepArtifacts(output_model, metrics, report, trainjob_path, dataset, model)
+    given = identify(inputs, output_uri=str(getattr(output_model, "uri", "") or ""))
+    workspace_path = "" if unresolved(workspace_path) else workspace_path
+    options = launch_options(
+        backend=backend, workspace_path=workspace_path, start_timeout=start_timeout, run_timeout=run_timeout,
+        queue_timeout=queue_timeout, logs=logs, delete_after_success=delete_after_success,
+    )  # fmt: skip
+    chosen = (backend_factory or select_backend)(backend or "auto")
+    ctx = _context(chosen, merge_task_config(given, task_config), task_key(given, artifacts, trainer), workspace_path, artifacts)
+    plan, runtime = plan_inputs(ctx, trainer)
+    # Every input problem -- the runtime's Trainer version and host-access policy included -- before any copy or write.
+    job = prepare(chosen, _parse(ctx.inputs), runtime=runtime)
+    stage_in(plan, ctx, trainer)
+    outcome = Launcher(chosen, options, on_submitted=artifacts.write_trainjob).run(job)
+    artifacts.write_trainjob(outcome.ref)
+    files = copy_out(plan, ctx, trainer, outcome)
+    record_model(artifacts.output_model, job, outcome, plan, ctx, files)
+    log_metrics(artifacts.metrics, outcome)
+    write_report(artifacts, job, outcome, ctx, files, local=is_local(chosen))
+    return outcome
+
+
+def _parse(inputs: dict[str, Any]) -> Any:
+    from ..spec import TrainJobInputs
+
+    return TrainJobInputs.parse(**inputs)
+
+
+def identify(inputs: Mapping[str, Any], *, output_uri: str) -> dict[str, Any]:
+    """The given TrainJob inputs with the run's identity filled in: run id, task, pipeline, loop iteration."""
     given = normalize_values({k: v for k, v in inputs.items() if v is not None})
     if unresolved(given.get("run_id")):
         log(MISSING_CONTEXT)
-    output_uri = str(getattr(output_model, "uri", "") or "")
     run_id, task_name, pipeline_name = resolve_identity(
         given.get("run_id", ""), given.get("task_name", ""), given.get("pipeline_name", ""), output_uri=output_uri
     )
@@ -223,64 +268,82 @@ def run_train_job(
     scope = resolve_scope(given.pop("task_id", None), output_uri=output_uri)
     if scope:  # identical ParallelFor iterations must not share (adopt) one TrainJob
         given["task_id"] = scope
-    if unresolved(workspace_path):
-        workspace_path = ""
-    check_launch_options(
-        start_timeout=start_timeout, run_timeout=run_timeout, queue_timeout=queue_timeout, logs=logs, backend=backend or "auto",
-        workspace_path=workspace_path, delete_after_success=delete_after_success,
-    )
-    merged = merge_task_config(given, task_config)
-    chosen = (backend_factory or select_backend)(backend or "auto")
-    local = bool(getattr(chosen, "local", False))
-    shared_root = None if local else choose_shared_root(workspace_path, merged.get("volume_mounts"), merged.get("volumes"))
-    key_source = json.dumps(given, sort_keys=True, default=str) + "|" + "|".join(
-        str(getattr(a, "uri", "") or "") for a in (dataset, model)
+    return given
+
+
+def launch_options(*, backend: str, workspace_path: str, **limits: Any) -> Any:
+    """The launcher's options, checked (time limits, logs, backend, workspace path)."""
+    from ..launcher import LaunchOptions
+    from ..spec import check_launch_options
+
+    check_launch_options(backend=backend or "auto", workspace_path=workspace_path, **limits)
+    return LaunchOptions(
+        start_timeout=float(limits["start_timeout"] or 0), run_timeout=float(limits["run_timeout"] or 0),
+        queue_timeout=float(limits["queue_timeout"] or 0), logs=str(limits["logs"] or "0"),
+        # the model lives on the shared volume or in the artifact, not in the TrainJob: safe to delete
+        delete_after_success=bool(limits["delete_after_success"]),
+    )  # fmt: skip
+
+
+def task_key(given: Mapping[str, Any], artifacts: StepArtifacts, trainer: TypedTrainer | None) -> str:
+    """This task's folder name on the shared volume: stable across retries, different for other settings."""
+    source = json.dumps(given, sort_keys=True, default=str) + "|" + "|".join(
+        str(getattr(a, "uri", "") or "") for a in (artifacts.dataset, artifacts.model)
     )
     if trainer is not None:
-        key_source += "|" + json.dumps(trainer.identity(), sort_keys=True, default=str)
-    key = f"{naming.label_value(task_name or 'train-job')[:40].strip('-_.') or 'train'}-{naming.digest(key_source)}"
-    ctx = None
+        source += "|" + json.dumps(trainer.identity(), sort_keys=True, default=str)
+    task_name = str(given.get("task_name") or "")
+    return f"{naming.label_value(task_name or 'train-job')[:40].strip('-_.') or 'train'}-{naming.digest(source)}"
+
+
+def _context(backend: Any, merged: dict[str, Any], key: str, workspace_path: str, artifacts: StepArtifacts) -> TrainerContext:
+    from ..prepare import is_local
+    from ..staging import choose_shared_root
+
+    local = is_local(backend)
+    shared_root = None if local else choose_shared_root(workspace_path, merged.get("volume_mounts"), merged.get("volumes"))
+    return TrainerContext(
+        backend=backend, runtime=None, inputs=merged, local=local, shared_root=shared_root, key=key,
+        workspace_path=workspace_path, output_model=artifacts.output_model, dataset=artifacts.dataset, model=artifacts.model,
+    )  # fmt: skip
+
+
+def plan_inputs(ctx: TrainerContext, trainer: TypedTrainer | None) -> tuple[Any, Any]:
+    """Complete ``ctx.inputs``: the typed trainer's inputs, then the artifact placeholders' paths.
+
+    Returns the path plan and the runtime when a typed trainer read it (None otherwise:
+    :func:`~kfp_trainer.prepare.prepare` reads it).
+    """
+    from ..staging import plan_paths
+
     if trainer is not None:
         from .checks import trainjob_errors
 
-        early = trainjob_errors(merged, local=local)  # the inputs given, before the runtime is read
+        sources = getattr(trainer, "source_inputs", dict)()  # initializer URIs a typed trainer will set
+        early = trainjob_errors({**ctx.inputs, **sources}, local=ctx.local)  # the inputs given, before the runtime is read
         if early:
             raise InvalidSpecErrors(early)
-        probe = TrainJobInputs.parse(**{k: merged[k] for k in ("runtime", "runtime_kind", "namespace") if merged.get(k)})
-        ctx = TrainerContext(
-            backend=chosen, runtime=chosen.resolve_runtime(probe), inputs=merged, local=local, shared_root=shared_root, key=key,
-            workspace_path=workspace_path, output_model=output_model, dataset=dataset, model=model,
-        )
-        merged.update(trainer.configure(ctx))
-    artifacts = {"dataset": _artifact_path(dataset), "model": _artifact_path(model)}
+        probe = _parse({k: ctx.inputs[k] for k in ("runtime", "runtime_kind", "namespace") if ctx.inputs.get(k)})
+        ctx.runtime = ctx.backend.resolve_runtime(probe)
+        ctx.inputs.update(trainer.configure(ctx))
+    dataset, model = ctx.dataset, ctx.model
     plan = plan_paths(
-        merged,
-        local=local,
-        artifacts=artifacts,
-        output_model=str(output_model.path),
-        shared_root=shared_root,
-        key=key,
-        shared_artifacts={n: p for n, a in (("dataset", dataset), ("model", model)) if (p := _shared_copy(a, shared_root))},
+        ctx.inputs,
+        local=ctx.local,
+        artifacts={"dataset": _artifact_path(dataset), "model": _artifact_path(model)},
+        output_model=str(ctx.output_model.path),
+        shared_root=ctx.shared_root,
+        key=ctx.key,
+        shared_artifacts={n: p for n, a in (("dataset", dataset), ("model", model)) if (p := _shared_copy(a, ctx.shared_root))},
     )
-    merged.update(plan.values)
-    if trainer is not None and ctx is not None:
-        merged.update(trainer.finalize(ctx, dict(plan.paths)))
-    parsed = TrainJobInputs.parse(**merged)
+    ctx.inputs.update(plan.values)
+    if trainer is not None:
+        ctx.inputs.update(trainer.finalize(ctx, dict(plan.paths)))
+    return plan, ctx.runtime
 
-    def submitted(ref: Any) -> None:
-        Path(trainjob_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(trainjob_path).write_text(str(ref))
 
-    options = LaunchOptions(
-        start_timeout=float(start_timeout or 0), run_timeout=float(run_timeout or 0), queue_timeout=float(queue_timeout or 0),
-        logs=str(logs or "0"),
-        # the model lives on the shared volume or in the artifact, not in the TrainJob: safe to delete
-        delete_after_success=bool(delete_after_success),
-    )
-    launcher = Launcher(chosen, options, on_submitted=submitted)
-    # Every input problem -- the runtime's Trainer version and host-access policy included -- before any copy or write.
-    launcher.prepare(parsed)
-
+def stage_in(plan: Any, ctx: TrainerContext, trainer: TypedTrainer | None) -> None:
+    """The writes before the launch: input artifacts onto the shared volume, output folders."""
     for src, dst in plan.stage_in:
         if stage(src, dst):
             log(f"staged {src} -> {dst} (shared with the TrainJob's pods)")
@@ -288,54 +351,6 @@ def run_train_job(
             log(f"{dst} was staged by an earlier try; using it")
     if plan.stage_out:
         shared_dir(plan.stage_out[0])
-    if trainer is not None and ctx is not None:
+    if trainer is not None:
         trainer.before_launch(ctx)
-    Path(output_model.path).mkdir(parents=True, exist_ok=True)
-    outcome = launcher.run(parsed)
-    submitted(outcome.ref)
-
-    if plan.stage_out:
-        log(f"copying the trained model {plan.stage_out[0]} -> output artifact")
-        copy_dir(plan.stage_out[0], plan.stage_out[1])
-    if trainer is not None and ctx is not None:
-        trainer.collect(ctx, outcome)
-    files, _ = dir_stats(output_model.path)
-    if "output_model" in plan.used and files == 0:
-        raise UserError(
-            f"TrainJob {outcome.ref} succeeded but wrote nothing to {{output_model}} ({plan.paths.get('output_model')}): "
-            "the trainer must save the model there (rank 0)"
-        )
-
-    base_model = (getattr(model, "metadata", None) or {}).get("source_uri") if model is not None else None
-    known = {
-        "base_model": base_model or parsed.model_uri or None,
-        "trainjob": str(outcome.ref),
-        "runtime": outcome.runtime,
-        "trainer_api": outcome.api_version,
-        "workspace_path": plan.paths.get("output_model") if plan.stage_out else None,
-        **(ctx.metadata if ctx is not None else {}),
-    }
-    output_model.metadata.update(model_metadata(output_model.path, **known))
-    if files == 0:
-        output_model.metadata["empty"] = True
-    final, best = outcome.metrics.final(), outcome.metrics.best()
-    for name, value in sorted(final.items()):
-        if finite(value):
-            metrics.log_metric(name, float(value))
-    for name, value in sorted(best.items()):
-        if finite(value) and value != final.get(name):  # best() holds scores only
-            metrics.log_metric(f"best_{name}", float(value))
-    for state, seconds in outcome.times.items():  # where the step's time went: queued, starting, running
-        metrics.log_metric(f"{state}_seconds", round(float(seconds), 1))
-    rows = {
-        "output model": f"{output_model.metadata.get('weights')} weights, {output_model.metadata.get('format')}, {files} files",
-        "base model": base_model or parsed.model_uri or "",
-        **(ctx.report if ctx is not None else {}),
-    }
-    resumed = output_model.metadata.get("resumed_from_step")
-    if resumed and "resumed" not in rows:  # our trainers record the checkpoint a retried job continued from
-        rows["resumed"] = f"from the checkpoint at step {resumed} of an earlier try"
-    data = outcome_data(outcome, backend="local" if local else "kubernetes", extra=rows)
-    Path(report.path).parent.mkdir(parents=True, exist_ok=True)
-    Path(report.path).write_text(render_html(data), encoding="utf-8")
-    return outcome
+    Path(ctx.output_model.path).mkdir(parents=True, exist_ok=True)

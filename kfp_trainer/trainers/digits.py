@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..llm.progress import ProgressReporter
+from ..progress import ProgressReporter
 from . import checkpointing
 from ._common import dist_env, emit, threads_per_process
 

@@ -42,13 +42,15 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kfp_trainer.data import DatasetError, chat_renderer, load_split
-from kfp_trainer.llm.progress import ProgressReporter
+from kfp_trainer.progress import ProgressReporter
 from kfp_trainer.trainers import checkpointing
 from kfp_trainer.trainers._common import (
+    DistEnv,
     collate,
     cpu_threads,
     dist_env,
@@ -160,6 +162,216 @@ def _wrap_lora(model: Any, args: argparse.Namespace) -> Any:
     return get_peft_model(model, config)
 
 
+@dataclass
+class Process:
+    """This process's place in the job: its rank, its device, whether ranks must agree."""
+
+    env: DistEnv
+    device: Any
+    use_cuda: bool
+    bf16: bool  # autocast to bfloat16 (CUDA devices that support it)
+
+    @property
+    def distributed(self) -> bool:
+        """More than one process trains."""
+        return self.env.world_size > 1
+
+    def log(self, message: str) -> None:
+        """A progress line on stderr, from rank 0 only."""
+        if self.env.is_main:
+            print(f"sft: {message}", file=sys.stderr, flush=True)
+
+    def mean(self, values: list[float]) -> list[float]:
+        """The mean of each value over all ranks."""
+        import torch
+        import torch.distributed as dist
+
+        if not self.distributed:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return (t / self.env.world_size).tolist()
+
+    def elapsed_since(self, start: float) -> float:
+        """Seconds since ``start`` on the slowest rank: every rank must agree on the stop step and the learning rate."""
+        import torch
+        import torch.distributed as dist
+
+        elapsed = time.perf_counter() - start
+        if not self.distributed:
+            return elapsed
+        t = torch.tensor([elapsed], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+
+def start_process() -> Process:
+    """Pick this process's device and join the other ranks (gloo on CPU, nccl on CUDA)."""
+    import torch
+    import torch.distributed as dist
+
+    env = dist_env()
+    use_cuda = torch.cuda.is_available()
+    device = torch.device("cuda", env.local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if env.world_size > 1:
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return Process(env, device, use_cuda, bf16=use_cuda and torch.cuda.is_bf16_supported())
+
+
+def load_model(args: argparse.Namespace, proc: Process) -> tuple[Any, Any]:
+    """The tokenizer and the model to train (float32 master weights, a LoRA adapter with ``--lora``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(args.seed)
+    tokenizer = load_tokenizer(args.model_dir)
+    # float32 master weights whatever the checkpoint's dtype (bf16 autocast on CUDA).
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir).float()
+    model.config.use_cache = False
+    if args.lora:
+        model = _wrap_lora(model, args)
+    model.to(proc.device)
+    model.train()
+    return tokenizer, model
+
+
+def make_optimizer(params: list[Any], args: argparse.Namespace) -> Any:
+    """AdamW, with weight decay on matrices only."""
+    import torch
+
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.learning_rate,
+        betas=(0.9, 0.98),
+    )
+
+
+@dataclass(frozen=True)
+class Batches:
+    """How the examples are split: per process, per step, per epoch."""
+
+    per_process: int  # examples each process takes per step
+    steps_per_epoch: int
+    world_size: int
+
+    @property
+    def global_size(self) -> int:
+        """Examples per optimizer step, over all processes."""
+        return self.per_process * self.world_size
+
+    def shard(self, examples: int, seed: int, epoch: int, rank: int) -> list[int]:
+        """This rank's example indices for ``epoch``: the same shuffle on every rank, every world_size-th index."""
+        import torch
+
+        generator = torch.Generator().manual_seed(seed + epoch)
+        order = torch.randperm(examples, generator=generator).tolist()
+        return order[rank :: self.world_size][: self.steps_per_epoch * self.per_process]
+
+
+def plan_batches(examples: int, batch_size: int, world_size: int) -> Batches:
+    """Share ``batch_size`` examples per step over ``world_size`` processes."""
+    per_rank = examples // world_size
+    if per_rank < 1:
+        raise SystemExit(f"{examples} training records cannot be shared by {world_size} processes")
+    per_process = max(1, min(math.ceil(batch_size / world_size), per_rank))
+    return Batches(per_process=per_process, steps_per_epoch=max(1, per_rank // per_process), world_size=world_size)
+
+
+@dataclass
+class Progress:
+    """Where training is: steps done, seconds spent, the loss sums for the log and the summary."""
+
+    step: int = 0
+    elapsed: float = 0.0
+    loss_sum_total: float = 0.0
+    loss_sum_interval: float = 0.0
+    interval_steps: int = 0
+    lr: float = 0.0
+    stopped_by: str = "max_steps"
+    resumed_from_step: int = 0
+
+    def add_loss(self, value: float) -> None:
+        """Count one step's loss."""
+        self.loss_sum_total += value
+        self.loss_sum_interval += value
+        self.interval_steps += 1
+        self.step += 1
+
+
+def resume(args: argparse.Namespace, meta: dict[str, Any], model: Any, optimizer: Any, proc: Process) -> Progress:
+    """Continue from a checkpoint an earlier try left in the output dir with the same settings, if any."""
+    if args.checkpoint_steps <= 0:
+        return Progress()
+    found, state = checkpointing.resume(args.output_dir, meta)
+    if found is None:
+        if state:
+            proc.log(str(state))
+        return Progress()
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    proc.log(f"resuming from the checkpoint at step {state['step']} ({found.path})")
+    return Progress(
+        step=state["step"], elapsed=state["elapsed"], loss_sum_total=state["loss_sum_total"], resumed_from_step=state["step"]
+    )
+
+
+def should_stop(progress: Progress, args: argparse.Namespace) -> bool:
+    """Whether the step count or the time budget is used up (sets ``stopped_by``)."""
+    if progress.step >= args.max_steps:
+        return True
+    budget = args.time_budget_seconds
+    if budget is not None and progress.step > 0 and progress.elapsed >= budget:
+        progress.stopped_by = "time_budget"
+        return True
+    return False
+
+
+def set_learning_rate(optimizer: Any, progress: Progress, args: argparse.Namespace) -> None:
+    """The schedule's rate for the coming step: by steps, or by time when the budget is nearer."""
+    done = progress.step / args.max_steps
+    budget = args.time_budget_seconds
+    if budget is not None and budget > 0:
+        done = max(done, progress.elapsed / budget)
+    progress.lr = lr_at(progress.step, done, args.learning_rate, args.warmup_steps, args.min_lr_ratio)
+    for group in optimizer.param_groups:
+        group["lr"] = progress.lr
+
+
+def train_step(model: Any, optimizer: Any, params: list[Any], batch: dict[str, Any], args: argparse.Namespace, bf16: bool) -> float:
+    """One optimizer step on ``batch`` (gradients of ``params`` clipped); returns its loss."""
+    import torch
+
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=bf16):
+        loss = model(**batch).loss
+    loss.backward()
+    if args.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def report_interval(progress: Progress, batches: Batches, examples: int, args: argparse.Namespace, proc: Process, reporter: Any) -> None:
+    """Every ``--logging-steps`` steps: the mean loss as a JSON line and to the Trainer's progress (rank 0)."""
+    (mean_loss,) = proc.mean([progress.loss_sum_interval / progress.interval_steps])
+    if proc.env.is_main:
+        emit({
+            "step": progress.step,
+            "epoch": round(progress.step * batches.global_size / examples, 4),
+            "loss": round(mean_loss, 6),
+            "learning_rate": float(f"{progress.lr:.6g}"),
+        })  # fmt: skip
+        budget = args.time_budget_seconds
+        fraction = max(progress.step / args.max_steps, progress.elapsed / budget if budget else 0.0)
+        if fraction < 1.0:  # the end is reported once, with the summary
+            reporter.report_fraction(fraction, {"loss": round(mean_loss, 6), "learning_rate": f"{progress.lr:.6g}"})
+    progress.loss_sum_interval, progress.interval_steps = 0.0, 0
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Runs the fine-tuning on this process.
 
@@ -171,201 +383,123 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         ``world_size``, ...), identical on every rank.
     """
     import torch
-    import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    env = dist_env()
-    use_cuda = torch.cuda.is_available()
-    device = torch.device("cuda", env.local_rank) if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    distributed = env.world_size > 1
-    if distributed:
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    host_processes = processes_on_this_host(env)
-
-    def log(message: str) -> None:
-        if env.is_main:
-            print(f"sft: {message}", file=sys.stderr, flush=True)
-
-    torch.manual_seed(args.seed)
-    tokenizer = load_tokenizer(args.model_dir)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    # float32 master weights whatever the checkpoint's dtype (bf16 autocast on CUDA).
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir).float()
-    model.config.use_cache = False
-    if args.lora:
-        model = _wrap_lora(model, args)
-    model.to(device)
-    model.train()
+    proc = start_process()
+    env = proc.env
+    tokenizer, model = load_model(args, proc)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    n_trainable = sum(p.numel() for p in trainable)
-    n_total = sum(p.numel() for p in model.parameters())
-    if not use_cuda:
-        torch.set_num_threads(cpu_threads(args.num_threads, host_processes, n_total))
-
-    try:
-        records = load_split(args.dataset_dir, "train", render_chat=chat_renderer(tokenizer), log=log)
-    except DatasetError as e:
-        raise SystemExit(f"sft: {e}") from None
-    examples = encode_examples(tokenizer, records, max_length=args.max_length)
-
+    n_trainable, n_total = sum(p.numel() for p in trainable), sum(p.numel() for p in model.parameters())
+    if not proc.use_cuda:
+        torch.set_num_threads(cpu_threads(args.num_threads, processes_on_this_host(env), n_total))
+    examples = load_examples(args, tokenizer, proc)
     ddp_model: Any = model
-    if distributed:
+    if proc.distributed:
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp_model = DistributedDataParallel(model, device_ids=[env.local_rank] if use_cuda else None)
-
-    decay = [p for p in trainable if p.ndim >= 2]
-    no_decay = [p for p in trainable if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.learning_rate,
-        betas=(0.9, 0.98),
-    )
-    autocast_bf16 = use_cuda and torch.cuda.is_bf16_supported()
-
-    per_rank = len(examples) // env.world_size
-    if per_rank < 1:
-        raise SystemExit(f"{len(examples)} training records cannot be shared by {env.world_size} processes")
-    batch_size = max(1, min(math.ceil(args.batch_size / env.world_size), per_rank))
-    steps_per_epoch = max(1, per_rank // batch_size)
-    global_batch = batch_size * env.world_size
+        ddp_model = DistributedDataParallel(model, device_ids=[env.local_rank] if proc.use_cuda else None)
+    optimizer = make_optimizer(trainable, args)
+    batches = plan_batches(len(examples), args.batch_size, env.world_size)
     # "name: value" on purpose: "name=value" lines are read as metrics by the launcher.
-    log(
-        f"world size: {env.world_size}, device: {device}, threads: {torch.get_num_threads()}, "
-        f"examples: {len(examples)}, batch: {batch_size}x{env.world_size}, "
+    proc.log(
+        f"world size: {env.world_size}, device: {proc.device}, threads: {torch.get_num_threads()}, "
+        f"examples: {len(examples)}, batch: {batches.per_process}x{env.world_size}, "
         f"params: {n_total}, trainable: {n_trainable}, max steps: {args.max_steps}, "
         f"time budget: {args.time_budget_seconds}"
     )
-
-    def reduce_mean(values: list[float]) -> list[float]:
-        if not distributed:
-            return values
-        t = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        return (t / env.world_size).tolist()
-
-    def synced_elapsed(start: float) -> float:
-        # Every rank must agree on the stop step and the learning rate: the
-        # slowest rank's clock counts.
-        elapsed = time.perf_counter() - start
-        if not distributed:
-            return elapsed
-        t = torch.tensor([elapsed], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
-
-    # A checkpoint an earlier try left in the output dir, saved with the same settings: go on from it.
-    meta = {"world_size": env.world_size, "batch_size": batch_size, "examples": len(examples), "max_steps": args.max_steps,
+    meta = {"world_size": env.world_size, "batch_size": batches.per_process, "examples": len(examples), "max_steps": args.max_steps,
             "learning_rate": args.learning_rate, "seed": args.seed, "lora": args.lora}  # fmt: skip
-    start_step, resumed_elapsed, loss_sum_total = 0, 0.0, 0.0
-    if args.checkpoint_steps > 0:
-        found, state = checkpointing.resume(args.output_dir, meta)
-        if found is not None:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            start_step, resumed_elapsed, loss_sum_total = state["step"], state["elapsed"], state["loss_sum_total"]
-            log(f"resuming from the checkpoint at step {start_step} ({found.path})")
-        elif state:
-            log(str(state))
-
-    budget = args.time_budget_seconds
+    progress = resume(args, meta, model, optimizer, proc)
     reporter = ProgressReporter()  # to the Trainer's status server (TrainJobStatus gate), rank 0 only; else a no-op
-    elapsed = resumed_elapsed
-    step = start_step
-    loss_sum_interval = 0.0
-    interval_steps = 0
-    lr = 0.0
-    stopped_by = "max_steps"
-    start = time.perf_counter() - resumed_elapsed
-    epoch, skip = divmod(start_step, steps_per_epoch)
-    done = False
-    while not done:
-        # Same permutation on every rank; each takes every world_size-th index.
-        generator = torch.Generator().manual_seed(args.seed + epoch)
-        order = torch.randperm(len(examples), generator=generator).tolist()
-        shard = order[env.rank :: env.world_size][: steps_per_epoch * batch_size]
-        epoch += 1
-        for batch_start in range(skip * batch_size, len(shard), batch_size):
-            if step % TIME_SYNC_STEPS == 0:
-                elapsed = synced_elapsed(start)
-            if step >= args.max_steps:
-                done = True
-                break
-            if budget is not None and step > 0 and elapsed >= budget:
-                stopped_by = "time_budget"
-                done = True
-                break
-            progress = step / args.max_steps
-            if budget is not None and budget > 0:
-                progress = max(progress, elapsed / budget)
-            lr = lr_at(step, progress, args.learning_rate, args.warmup_steps, args.min_lr_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-
-            batch = collate([examples[i] for i in shard[batch_start : batch_start + batch_size]], pad_id)
-            batch = {k: v.to(device) for k, v in batch.items()}
-            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=autocast_bf16):
-                loss = ddp_model(**batch).loss
-            loss.backward()
-            if args.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-            value = float(loss.detach())
-            loss_sum_total += value
-            loss_sum_interval += value
-            interval_steps += 1
-            step += 1
-            if step % args.logging_steps == 0:
-                (mean_loss,) = reduce_mean([loss_sum_interval / interval_steps])
-                if env.is_main:
-                    emit(
-                        {
-                            "step": step,
-                            "epoch": round(step * global_batch / len(examples), 4),
-                            "loss": round(mean_loss, 6),
-                            "learning_rate": float(f"{lr:.6g}"),
-                        }
-                    )
-                    fraction = max(step / args.max_steps, elapsed / budget if budget else 0.0)
-                    if fraction < 1.0:  # the end is reported once, with the summary
-                        reporter.report_fraction(fraction, {"loss": round(mean_loss, 6), "learning_rate": f"{lr:.6g}"})
-                loss_sum_interval = 0.0
-                interval_steps = 0
-            if args.checkpoint_steps > 0 and step % args.checkpoint_steps == 0 and step < args.max_steps and env.is_main:
-                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                         "elapsed": time.perf_counter() - start, "loss_sum_total": loss_sum_total}  # fmt: skip
-                checkpointing.save(args.output_dir, step, state, meta)
-        skip = 0
+    start = time.perf_counter() - progress.elapsed
+    loop = Loop(args, proc, ddp_model, optimizer, trainable, reporter, checkpoint=(model, meta))
+    loop.run(examples, tokenizer, batches, progress, start)
     runtime = time.perf_counter() - start
-
-    (train_loss,) = reduce_mean([loss_sum_total / step if step else float("nan")])
-    summary = {
-        "train_loss": round(train_loss, 6),
-        "train_runtime": round(runtime, 3),
-        "train_steps": step,
-        "train_samples_per_second": round(step * global_batch / runtime, 2) if runtime > 0 else 0.0,
-        "epoch": round(step * global_batch / len(examples), 4),
-        "world_size": env.world_size,
-        "batch_size": global_batch,
-        "batch_size_per_process": batch_size,
-        "stopped_by": stopped_by,
-    }
+    summary = summarize(progress, batches, len(examples), runtime, proc)
     if env.is_main:
         emit(summary)
         reporter.report_fraction(1.0, {k: summary[k] for k in ("train_loss", "train_steps", "train_runtime")})
-        save(model, tokenizer, args, summary, trainable_params=n_trainable, resumed_from_step=start_step)
+        save(model, tokenizer, args, summary, trainable_params=n_trainable, resumed_from_step=progress.resumed_from_step)
         checkpointing.clear(args.output_dir)
-        log(f"saved to {args.output_dir}")
-    if distributed:
+        proc.log(f"saved to {args.output_dir}")
+    if proc.distributed:
+        import torch.distributed as dist
+
         dist.barrier()
         dist.destroy_process_group()
     return summary
+
+
+def load_examples(args: argparse.Namespace, tokenizer: Any, proc: Process) -> list[Any]:
+    """The train split, tokenized (loss on the completion tokens only)."""
+    try:
+        records = load_split(args.dataset_dir, "train", render_chat=chat_renderer(tokenizer), log=proc.log)
+    except DatasetError as e:
+        raise SystemExit(f"sft: {e}") from None
+    return encode_examples(tokenizer, records, max_length=args.max_length)
+
+
+@dataclass
+class Loop:
+    """The training loop and what stays the same through it."""
+
+    args: argparse.Namespace
+    proc: Process
+    model: Any  # DistributedDataParallel-wrapped when distributed
+    optimizer: Any
+    params: list[Any]  # the trainable parameters (their gradients are clipped)
+    reporter: Any
+    checkpoint: tuple[Any, dict[str, Any]]  # (the unwrapped model, the settings a resumed run must share)
+
+    def run(self, examples: list[Any], tokenizer: Any, batches: Batches, progress: Progress, start: float) -> None:
+        """Epochs of shuffled batches until the step count or the time budget is used up; checkpoints on the way."""
+        args, proc = self.args, self.proc
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        epoch, skip = divmod(progress.step, batches.steps_per_epoch)
+        while True:
+            shard = batches.shard(len(examples), args.seed, epoch, proc.env.rank)
+            epoch += 1
+            for at in range(skip * batches.per_process, len(shard), batches.per_process):
+                if progress.step % TIME_SYNC_STEPS == 0:
+                    progress.elapsed = proc.elapsed_since(start)
+                if should_stop(progress, args):
+                    return
+                set_learning_rate(self.optimizer, progress, args)
+                batch = collate([examples[i] for i in shard[at : at + batches.per_process]], pad_id)
+                batch = {k: v.to(proc.device) for k, v in batch.items()}
+                progress.add_loss(train_step(self.model, self.optimizer, self.params, batch, args, proc.bf16))
+                if progress.step % args.logging_steps == 0:
+                    report_interval(progress, batches, len(examples), args, proc, self.reporter)
+                if args.checkpoint_steps > 0 and progress.step % args.checkpoint_steps == 0 and progress.step < args.max_steps:
+                    self.save_checkpoint(progress, start)
+            skip = 0
+
+    def save_checkpoint(self, progress: Progress, start: float) -> None:
+        """Rank 0 saves the model, the optimizer and the progress, for a retried job to continue from."""
+        if not self.proc.env.is_main:
+            return
+        model, meta = self.checkpoint
+        state = {"model": model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": progress.step,
+                 "elapsed": time.perf_counter() - start, "loss_sum_total": progress.loss_sum_total}  # fmt: skip
+        checkpointing.save(self.args.output_dir, progress.step, state, meta)
+
+
+def summarize(progress: Progress, batches: Batches, examples: int, runtime: float, proc: Process) -> dict[str, Any]:
+    """The final summary, the same on every rank."""
+    step = progress.step
+    (train_loss,) = proc.mean([progress.loss_sum_total / step if step else float("nan")])
+    return {
+        "train_loss": round(train_loss, 6),
+        "train_runtime": round(runtime, 3),
+        "train_steps": step,
+        "train_samples_per_second": round(step * batches.global_size / runtime, 2) if runtime > 0 else 0.0,
+        "epoch": round(step * batches.global_size / examples, 4),
+        "world_size": proc.env.world_size,
+        "batch_size": batches.global_size,
+        "batch_size_per_process": batches.per_process,
+        "stopped_by": progress.stopped_by,
+    }
 
 
 def save(

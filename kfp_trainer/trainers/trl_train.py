@@ -24,7 +24,7 @@ DPO reads prompt/chosen/rejected pairs (:func:`kfp_trainer.data.load_preference_
   ``training_info.json`` (method, weights, steps, loss, settings).
 * **Progress.** Rank 0 prints each log as a JSON line (``{"step": 10, "loss": 1.2, ...}``) and
   reports the fraction done to the Trainer's status server when there is one
-  (:class:`~kfp_trainer.llm.progress.ProgressReporter`).
+  (:class:`~kfp_trainer.progress.ProgressReporter`).
 
 On CPU, ``bf16`` is off and ``use_cpu`` on unless the flags say otherwise; ``--bf16`` without a
 GPU that supports it is refused.
@@ -174,7 +174,7 @@ def train(method: str, argv: list[str]) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
     from trl import DPOConfig, DPOTrainer, ModelConfig, SFTConfig, SFTTrainer, get_peft_config, get_quantization_config
 
-    from kfp_trainer.llm.progress import ProgressReporter
+    from kfp_trainer.progress import ProgressReporter
     from kfp_trainer.trainers._common import cpu_threads, dist_env, emit, load_tokenizer
 
     hf_logging.disable_progress_bar()

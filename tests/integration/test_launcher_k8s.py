@@ -167,8 +167,9 @@ def test_stored_trainjob_equals_the_rendered_manifest(api_client, namespace):
     backend = backend_for(api_client, namespace)
     launcher = Launcher(backend, out=io.StringIO())
     full = {k: v for k, v in FULL.items() if k not in ("dataset_uri", "dataset_secret", "model_uri", "model_secret")}
-    manifest, api_version, _ = launcher.prepare(scripted(inputs(namespace, **full), PodScript(exit_delay=float("inf"))))
-    assert api_version == "v2.2"
+    job = launcher.prepare(scripted(inputs(namespace, **full), PodScript(exit_delay=float("inf"))))
+    manifest = job.manifest
+    assert job.api_version == "v2.2"
     submission = backend.submit(manifest)
     try:
         stored = get_trainjob(api_client, namespace, submission.ref.name)
@@ -330,7 +331,7 @@ def test_deadline_exceeded_is_reported(api_client, namespace):
 def test_retry_adopts_the_running_job_without_a_duplicate(api_client, namespace):
     inp = scripted(inputs(namespace), PodScript(lines=[f"line {i}" for i in range(20)], line_delay=0.1))
     backend = backend_for(api_client, namespace)
-    manifest, _, _ = Launcher(backend, out=io.StringIO()).prepare(inp)
+    manifest = Launcher(backend, out=io.StringIO()).prepare(inp).manifest
     first = backend.submit(manifest)  # the first try dies right after creating its job
     outcome, out = launch(api_client, inp)  # the retry
     assert outcome.adopted and outcome.ref.uid == first.ref.uid and outcome.succeeded
@@ -493,7 +494,7 @@ def test_suspended_job_is_reported_and_waits(api_client, namespace):
     backend = backend_for(api_client, namespace)
     inp = scripted(inputs(namespace, suspend=True), PodScript(lines=["resumed"]))
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0), out=io.StringIO())
-    manifest, _, _ = launcher.prepare(inp)
+    manifest = launcher.prepare(inp).manifest
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
     thread.start()

@@ -70,7 +70,7 @@ def test_typed_pod_fields_pass_the_webhooks_and_reach_the_pods(api_client, names
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0, start_timeout=120), out=out)
     thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
     thread.start()
-    name = launcher.prepare(inp)[0]["metadata"]["name"]
+    name = launcher.prepare(inp).manifest["metadata"]["name"]
     pod = wait_for(lambda: next(iter(pods(api_client, namespace, name)), None), 60, what="a trainer pod")
     s = raw_pod(api_client, namespace, pod.metadata.name)["spec"]  # as stored: the Python client's models predate fileKeyRef
     assert s["schedulingGates"] == [{"name": "example.com/data-ready"}]
@@ -143,7 +143,7 @@ def test_a_multikueue_job_passes_the_webhook_and_is_followed_by_the_status_multi
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0, start_timeout=120), out=out)
     thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
     thread.start()
-    name = launcher.prepare(inp)[0]["metadata"]["name"]
+    name = launcher.prepare(inp).manifest["metadata"]["name"]
     stored = wait_for(lambda: get_trainjob(api_client, namespace, name), 30, what="the TrainJob")
     assert stored["spec"]["managedBy"] == spec.MULTIKUEUE
     wait_for(lambda: "its pods and logs are there" in out.getvalue(), 30, what="the launcher's note")

@@ -30,7 +30,7 @@ from kfp_trainer import spec
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import TimeLimitError
 from kfp_trainer.launcher import Launcher, LaunchOptions
-from kfp_trainer.llm.progress import ProgressReporter
+from kfp_trainer.progress import ProgressReporter
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(240)
@@ -206,7 +206,7 @@ def test_queue_timeout_deletes_a_job_the_queue_never_admits(api_client, namespac
     with pytest.raises(TimeLimitError, match=f"waited in queue {QUEUE} longer than queue_timeout=3s") as info:
         launcher.run(inp)
     assert info.value.reason == "QueueTimeout"
-    name = launcher.prepare(inp)[0]["metadata"]["name"]
+    name = launcher.prepare(inp).manifest["metadata"]["name"]
     assert get_trainjob(api_client, namespace, name) is None and get_jobset(api_client, namespace, name) is None
     assert f"deleting TrainJob {namespace}/{name}" in out.getvalue()
 

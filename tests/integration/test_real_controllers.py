@@ -179,7 +179,7 @@ def test_suspension_and_resumption_conditions_reach_the_launcher(api_client, nam
     backend = KubernetesBackend(api_client, namespace=namespace, watch_timeout=5)
     inp = inputs(namespace, suspend=True, pod_annotations=PodScript(lines=["resumed"]).annotations())
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0), out=io.StringIO())
-    manifest, _, _ = launcher.prepare(inp)
+    manifest = launcher.prepare(inp).manifest
     name = manifest["metadata"]["name"]
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
@@ -242,7 +242,7 @@ def test_trainer_status_server_accepts_progress_from_a_trainer_pod(cluster, api_
     try:
         backend = KubernetesBackend(api_client, namespace=namespace)
         inp = inputs(namespace, pod_annotations=PodScript(exit_delay=float("inf")).annotations())
-        manifest, _, _ = Launcher(backend, out=io.StringIO()).prepare(inp)
+        manifest = Launcher(backend, out=io.StringIO()).prepare(inp).manifest
         name = backend.submit(manifest).ref.name
         p = wait_for(lambda: next(iter(pods(api_client, namespace, name, phase="Running")), None), 60, what="trainer pod running")
         env = {e.name: e.value for e in next(c for c in p.spec.containers if c.name == "node").env}

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from kfp_trainer import custom_trainer
 from kfp_trainer.llm import inputs, render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -233,7 +234,10 @@ def _differences(a, b, path="") -> list[str]:
 
 
 def _assert_same(ours: dict, theirs: dict, case: str) -> None:
-    diffs = _differences(_comparable(ours), _comparable(theirs))
+    # Our renderer writes quantities as the API stores them after the Trainer webhook (8 -> "8"), as the steps send them.
+    mine, sdk = _comparable(ours), _comparable(theirs)
+    mine["spec"], sdk["spec"] = _quantities_as_text(mine["spec"]), _quantities_as_text(sdk["spec"])
+    diffs = _differences(mine, sdk)
     assert not diffs, f"case {case}: our TrainJob differs from the SDK's:\n" + "\n".join(diffs)
 
 
@@ -247,7 +251,7 @@ def test_builtin_trainer_trainjobs_equal_the_sdks(api_client, cluster, namespace
             _runtime(api_client, case["runtime"]), settings, dataset=_source(case.get("dataset")), model=_source(case.get("model"))
         )
         ours = f"ours-{cid.replace('_', '-')}"
-        _create_ours(api_client, namespace, ours, rendered.spec)
+        _create_ours(api_client, namespace, ours, rendered.sdk_spec())
         _assert_same(_stored(api_client, namespace, ours), _stored(api_client, namespace, sdk_names[cid]), cid)
 
 
@@ -257,9 +261,9 @@ def test_custom_trainer_trainjobs_equal_the_sdks(api_client, cluster, namespace,
     sdk_names = _sdk_create(sdk_python, cluster.kubeconfig, namespace, cases)
     for cid, case in CUSTOM_CASES.items():
         settings = inputs.FunctionTrainerSettings.from_function(getattr(functions, case["func"]), **case["trainer"])
-        rendered = render.render_function(_runtime(api_client, case["runtime"]), settings, dataset=_source(case.get("dataset")))
+        rendered = custom_trainer.render_function(_runtime(api_client, case["runtime"]), settings, dataset=_source(case.get("dataset")))
         ours = f"ours-{cid.replace('_', '-')}"
-        _create_ours(api_client, namespace, ours, rendered.spec)
+        _create_ours(api_client, namespace, ours, rendered.sdk_spec())
         _assert_same(_stored(api_client, namespace, ours), _stored(api_client, namespace, sdk_names[cid]), cid)
 
 
@@ -270,7 +274,7 @@ def test_the_comparison_notices_a_single_changed_override(api_client, cluster, n
     rendered = render.render_builtin(
         _runtime(api_client, case["runtime"]), settings, dataset=_source(case["dataset"]), model=_source(case["model"])
     )
-    _create_ours(api_client, namespace, "ours-changed", rendered.spec)
+    _create_ours(api_client, namespace, "ours-changed", rendered.sdk_spec())
     with pytest.raises(AssertionError, match=r"\.spec\.trainer\.args\[0\]: ours 'epochs=3' != SDK 'epochs=1'"):
         _assert_same(_stored(api_client, namespace, "ours-changed"), _stored(api_client, namespace, sdk_name), "lora")
 
@@ -318,7 +322,7 @@ def _apply_trainer_status(api_client, namespace: str, name: str, trainer_status:
 
 
 def test_progress_reports_are_stored_like_the_sdks(api_client, cluster, namespace, sdk_python, tmp_path):
-    from kfp_trainer.llm import progress
+    from kfp_trainer import progress
 
     _StatusCapture.seen = []
     server = HTTPServer(("127.0.0.1", 0), _StatusCapture)

@@ -86,7 +86,7 @@ def test_a_recorded_pid_now_held_by_another_process_is_neither_trusted_nor_kille
     try:
         backend = LocalBackend(root)
         launcher = Launcher(backend, LaunchOptions(), out=io.StringIO())
-        manifest, _, _ = launcher.prepare(job_inputs(marker))
+        manifest = launcher.prepare(job_inputs(marker)).manifest
         # An unfinished job whose supervisor and node pids now belong to other processes (pid reuse).
         directory = backend.job_dir(JobRef("local", manifest["metadata"]["name"]))
         (directory / "logs").mkdir(parents=True)

@@ -169,7 +169,7 @@ def _lora_job(rt: dict, **settings) -> dict:
         dataset_preprocess_config={"source": "parquet"},
         **settings,
     )
-    return render.render_builtin(rt, s, dataset=inputs.StorageSource(storage_uri="hf://example/tiny-sums/data")).spec["trainer"]
+    return render.render_builtin(rt, s, dataset=inputs.StorageSource(storage_uri="hf://example/tiny-sums/data")).sdk_spec()["trainer"]
 
 
 def test_a_lora_trainjob_runs_the_lora_recipe_and_trains_the_adapter(tmp_path):
@@ -196,7 +196,7 @@ def test_a_qlora_trainjob_on_one_gpu_runs_the_single_device_qlora_recipe_on_cpu(
         resources_per_node={"gpu": 1},
         dataset_preprocess_config={"source": "parquet"},
     )
-    job = render.render_builtin(rt, s, dataset=inputs.StorageSource(storage_uri="hf://example/tiny-sums/data")).spec["trainer"]
+    job = render.render_builtin(rt, s, dataset=inputs.StorageSource(storage_uri="hf://example/tiny-sums/data")).sdk_spec()["trainer"]
     run = run_tune(rt, ws, job)
     assert run.returncode == 0, run.tail()
     assert (run.cmd.recipe, run.cmd.config, run.cmd.processes) == ("lora_finetune_single_device", "llama3_2/1B_qlora_single_device", 1)

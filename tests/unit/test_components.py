@@ -422,14 +422,6 @@ def test_trainjob_component_rejects_unsupported_parameters():
         trainjob_component(taken)
 
 
-def test_function_command_runs_the_function_with_its_arguments(tmp_path):
-    source = "def hello(name: str, n: int = 1):\n    print('hi ' + name * n)\n"
-    command = steps.function_command(source, "hello", {"name": "ab", "n": 2}, torchrun=False)
-    command[0] = sys.executable
-    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "hi abab"
-
-
 def test_train_job_takes_every_trainjob_input():
     from kfp_trainer.spec import TrainJobInputs
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kfp_trainer.llm import progress
+from kfp_trainer import progress
 
 CRDS = Path(os.environ.get("KFP_TRAINER_CRDS_DIR", Path(__file__).resolve().parents[3] / "shared" / "kubeflow-trainer-v2.3.0")) / "crds"
 

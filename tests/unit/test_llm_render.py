@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kfp_trainer import custom_trainer
 from kfp_trainer.errors import InvalidSpecErrors
 from kfp_trainer.llm import render
 from kfp_trainer.llm.inputs import FunctionTrainerSettings, StorageSource, TorchTuneSettings, parse
@@ -56,7 +57,7 @@ def test_every_torchtune_setting_becomes_the_sdks_override_in_the_sdks_order():
         },
     )
     out = render.render_builtin(runtime(LLAMA1B), s, dataset=StorageSource(storage_uri="hf://org/ds/data"))
-    assert out.spec["trainer"] == {
+    assert out.sdk_spec()["trainer"] == {
         "command": ["tune", "run"],
         "args": [
             "dtype=bf16",
@@ -78,7 +79,7 @@ def test_every_torchtune_setting_becomes_the_sdks_override_in_the_sdks_order():
             "dataset.column_map={'input': 'q', 'output': 'a'}",
         ],
     }
-    assert out.spec["runtimeRef"] == {"name": "torchtune-llama3.2-1b", "kind": "ClusterTrainingRuntime"}
+    assert (out.inputs["runtime"], out.inputs["runtime_kind"]) == ("torchtune-llama3.2-1b", "ClusterTrainingRuntime")
     assert (out.recipe, out.config, out.adapter) == ("lora_finetune_distributed", "llama3_2/1B_lora", True)
 
 
@@ -100,8 +101,8 @@ def test_an_s3_dataset_adds_no_path_override():
 
 def test_defaults_only_still_render_the_tune_entrypoint_with_empty_args():
     out = render.render_builtin(runtime(QWEN), settings())
-    assert out.spec == {
-        "runtimeRef": {"name": "torchtune-qwen2.5-1.5b", "kind": "ClusterTrainingRuntime"},
+    assert out.sdk_spec() == {
+        "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "name": "torchtune-qwen2.5-1.5b", "kind": "ClusterTrainingRuntime"},
         "trainer": {"command": ["tune", "run"], "args": []},
     }
     assert (out.recipe, out.config, out.adapter) == ("full_finetune_distributed", "qwen2_5/1.5B_full", False)
@@ -125,7 +126,7 @@ def test_multi_node_fine_tunes_are_refused_except_for_llama_3_3_70b():
     with pytest.raises(InvalidSpecErrors, match=r"num_nodes: got 2; expected 1 for qwen2_5/1.5B"):
         render.render_builtin(runtime(QWEN), settings(num_nodes=2))
     out = render.render_builtin(renamed(LLAMA1B, "torchtune-llama3.3-70b"), settings(num_nodes=2))
-    assert out.spec["trainer"]["numNodes"] == 2
+    assert out.sdk_spec()["trainer"]["numNodes"] == 2
     assert (out.recipe, out.config) == ("full_finetune_distributed", "llama3_3/70B_full_multinode")
 
 
@@ -176,26 +177,25 @@ def test_gpu_and_mig_conflicts_are_refused_before_anything_is_created(resources,
 
 
 def test_initializers_carry_options_as_env_and_credentials_only_as_a_secret_reference():
-    init = render.render_initializer(
+    init = render.initializer_inputs(
         StorageSource(storage_uri="s3://bucket/data", endpoint="https://s3.local", region="eu", role_arn="arn:x", secret_ref="s3-creds"),
         StorageSource(storage_uri="hf://meta-llama/Llama-3.2-1B-Instruct", secret_ref="hf-token"),
     )
     assert init == {
-        "dataset": {
-            "storageUri": "s3://bucket/data",
-            "env": [
-                {"name": "ENDPOINT", "value": "https://s3.local"},
-                {"name": "REGION", "value": "eu"},
-                {"name": "ROLE_ARN", "value": "arn:x"},
-            ],
-            "secretRef": {"name": "s3-creds"},
-        },
-        "model": {
-            "storageUri": "hf://meta-llama/Llama-3.2-1B-Instruct",
-            "env": [{"name": "IGNORE_PATTERNS", "value": "*.msgpack,*.h5,*.bin,*.pt,*.pth"}],
-            "secretRef": {"name": "hf-token"},
-        },
+        "dataset_uri": "s3://bucket/data",
+        "dataset_env": [
+            {"name": "ENDPOINT", "value": "https://s3.local"},
+            {"name": "REGION", "value": "eu"},
+            {"name": "ROLE_ARN", "value": "arn:x"},
+        ],
+        "dataset_secret": "s3-creds",
+        "model_uri": "hf://meta-llama/Llama-3.2-1B-Instruct",
+        "model_env": [{"name": "IGNORE_PATTERNS", "value": "*.msgpack,*.h5,*.bin,*.pt,*.pth"}],
+        "model_secret": "hf-token",
     }
+    spec = render.Rendered({"runtime": "torchtune-llama3.2-1b", **init}).sdk_spec()  # as the TrainJob carries them
+    assert spec["initializer"]["dataset"]["secretRef"] == {"name": "s3-creds"}
+    assert spec["initializer"]["model"]["env"] == init["model_env"]
 
 
 def test_plain_credential_fields_do_not_exist():
@@ -209,21 +209,21 @@ def _train(lr=0.1):
 
 def test_a_function_runs_under_torchrun_with_its_arguments_written_as_python():
     s = FunctionTrainerSettings.from_function(_train, func_args={"lr": 0.5}, num_nodes=2, env={"A": "1"})
-    out = render.render_function(runtime(TORCH), s)
-    cmd = out.spec["trainer"]["command"]
+    out = custom_trainer.render_function(runtime(TORCH), s)
+    cmd = out.sdk_spec()["trainer"]["command"]
     assert cmd[:2] == ["bash", "-c"]
     assert "def _train(lr=0.1):\n" in cmd[2]
     assert "\n_train(**{'lr': 0.5})\n" in cmd[2]
     assert cmd[2].endswith('torchrun "test_llm_render.py"')
-    assert out.spec["trainer"]["numNodes"] == 2
-    assert out.spec["trainer"]["env"] == [{"name": "A", "value": "1"}]
+    assert out.sdk_spec()["trainer"]["numNodes"] == 2
+    assert out.sdk_spec()["trainer"]["env"] == [{"name": "A", "value": "1"}]
 
 
 def test_packages_are_installed_first_with_each_name_shell_quoted():
     s = FunctionTrainerSettings.from_function(
         _train, packages_to_install=["torch>=2", "it's"], pip_index_urls=["https://a/simple", "https://b"]
     )
-    script = render.render_function(runtime(TORCH), s).spec["trainer"]["command"][2]
+    script = custom_trainer.render_function(runtime(TORCH), s).sdk_spec()["trainer"]["command"][2]
     assert "PACKAGES=('torch>=2' 'it'\"'\"'s')" in script
     assert "PIP_OPTS=(--index-url https://a/simple --extra-index-url https://b)" in script
     assert script.index("PACKAGES=") < script.index("read -r -d '' SCRIPT")
@@ -231,7 +231,7 @@ def test_packages_are_installed_first_with_each_name_shell_quoted():
 
 def test_mpi_runtimes_run_the_function_from_the_mpi_users_home():
     s = FunctionTrainerSettings.from_function(_train, packages_to_install=["deepspeed"])
-    cmd = render.render_function(runtime("deepspeed_distributed.yaml"), s).spec["trainer"]["command"]
+    cmd = custom_trainer.render_function(runtime("deepspeed_distributed.yaml"), s).sdk_spec()["trainer"]["command"]
     assert cmd[:5] == ["mpirun", "--hostfile", "/etc/mpi/hostfile", "bash", "-c"]
     assert 'LOG_FILE="/home/mpiuser/pip_install.log"' in cmd[5]
     assert cmd[5].endswith('python "/home/mpiuser/test_llm_render.py"')
@@ -239,7 +239,7 @@ def test_mpi_runtimes_run_the_function_from_the_mpi_users_home():
 
 def test_a_function_on_a_torchtune_runtime_is_refused():
     with pytest.raises(InvalidSpecErrors, match="torchtune runtimes take torchtune settings"):
-        render.render_function(runtime(QWEN), FunctionTrainerSettings.from_function(_train))
+        custom_trainer.render_function(runtime(QWEN), FunctionTrainerSettings.from_function(_train))
 
 
 def test_a_function_source_that_would_end_the_here_document_is_refused():

@@ -41,7 +41,7 @@ def test_the_builtin_torchtune_runtimes_say_what_the_trainers_do(name, file):
 
 def test_a_node_of_a_torchtune_trainjob_runs_the_completed_tune_command_with_the_tiny_models_size(tmp_path):
     rt = BUILTIN_RUNTIMES["torchtune-qwen2.5-1.5b"]
-    trainer = render.render_builtin(rt, TorchTuneSettings(epochs=2)).spec["trainer"]
+    trainer = render.render_builtin(rt, TorchTuneSettings(epochs=2)).sdk_spec()["trainer"]
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / tiny_models.MARKER_FILE).write_text('{"model_key": "qwen2_5/1.5B"}')
     manifest = {"metadata": {"name": "j"}, "spec": {"trainer": trainer}}

@@ -27,7 +27,7 @@ def test_an_integer_dropout_is_written_as_the_sdk_writes_it():
 
 def test_ignore_patterns_given_as_none_means_none_and_left_out_means_the_sdks_default():
     def env(**source):
-        return render.render_initializer(None, parse(StorageSource, storage_uri="hf://org/model", **source))["model"]["env"]
+        return render.initializer_inputs(None, parse(StorageSource, storage_uri="hf://org/model", **source))["model_env"]
 
     assert env(ignore_patterns=None) == []
     assert env() == [{"name": "IGNORE_PATTERNS", "value": "*.msgpack,*.h5,*.bin,*.pt,*.pth"}]
