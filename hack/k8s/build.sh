@@ -7,7 +7,8 @@
 # digest of their wrapper's files: the kubelet (hack/k8s/kube), CoreDNS
 # (hack/k8s/coredns) and the node images (the pause image, compiled from the Kubernetes
 # module's build/pause/linux/pause.c, and the probe test image, hack/k8s/testimage) as
-# OCI image layout tars. Skips everything that is already there.
+# OCI image layout tars. The oldest Kubernetes version tested (hack/k8s/kube-1.32: kube-apiserver,
+# kube-controller-manager, kube-scheduler) into one of its own. Skips everything that is already there.
 #
 #   hack/k8s/build.sh            # build what is missing; print the bin dirs (see below)
 #   hack/k8s/build.sh --print    # only print them (exit 1 if anything is missing)
