@@ -81,6 +81,7 @@ def cluster():
     )
     try:
         c.start(build=True)
+        c.wait_gc_ready()  # its probe, before the API server restart below would cut its requests
         with c.api_client() as api:
             _DEFAULT_GATES["probe"] = _streaming_list(api)
             _DEFAULT_GATES["version"] = client.VersionApi(api).get_code().git_version
@@ -89,7 +90,6 @@ def cluster():
         # Fresh informers for the Trainer's webhooks (they read runtimes from them): their first
         # list is then the fallback too, and nothing waits out a reconnect backoff.
         c.restart("controllers")
-        c.wait_gc_ready()
     except testcluster.BinariesUnavailable as e:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"Kubernetes {OLD} control plane unavailable (CI): {e}", pytrace=False)
