@@ -112,14 +112,19 @@ def api_client(cluster):
 
 
 @pytest.fixture(autouse=True)
-def lists_instead_of_streaming_lists(request, api_client):
+def lists_instead_of_streaming_lists(request, cluster, api_client):
     """No streaming list gets through; the launcher's caches were refused one (this test, or
-    an earlier one with the same client: the refusal is remembered per client) and listed."""
+    an earlier one with the same client: the refusal is remembered per client) and listed.
+    A failed test gets this cluster's component log tails (conftest's are the 1.36 cluster's)."""
     before = dict(list_counts)
     yield
+    report = getattr(request.node, "report_call", None)  # set by conftest
+    if report is not None and report.failed:
+        for name, path in sorted(cluster.component_logs().items()):
+            if name in ("controllers", "podscript", "kwok-controller", "kube-controller-manager", "kube-apiserver"):
+                print(f"--- {name} ({path})\n" + "".join(path.read_text(errors="replace").splitlines(True)[-20:]))
     done = {k: list_counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
     assert done["streaming"] == 0, done
-    report = getattr(request.node, "report_call", None)  # set by conftest
     if request.node.name in LAUNCHER_TESTS and report is not None and report.passed:
         assert done["list"] >= 1 and (done["refused"] >= 1 or streaming_lists_refused(api_client)), done
 
