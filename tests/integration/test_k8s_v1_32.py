@@ -18,10 +18,13 @@ import time
 
 import pytest
 import testcluster
+from helpers import wait_for
 from kubernetes import client
 
 # The 1.36 tests run here again (pytest collects what this module imports).
 from test_launcher_k8s import (  # noqa: F401  (collected as tests of this module)
+    inputs,
+    launch,
     test_failure_carries_reason_failed_pod_and_log_tail,
     test_launcher_survives_forced_disconnects,
     test_logs_survive_container_restarts_without_loss_or_repeats,
@@ -34,6 +37,7 @@ from test_lifecycle_k8s import (  # noqa: F401
     test_a_watch_from_a_compacted_version_gets_a_real_410_and_relists,
     test_delete_waits_with_watches_until_the_jobs_and_pods_are_gone,
 )
+from testcluster import PodScript
 from testcluster.binaries import OLD_KUBE_VERSION
 
 from kfp_trainer.backends.kube.api import request
@@ -58,6 +62,18 @@ def _streaming_list(api) -> dict[str, int]:
     before = dict(list_counts)
     next(e for e in watch(api, "/api/v1/namespaces/default/configmaps", [], initial_events=True, timeout_seconds=5) if e)
     return {k: list_counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
+
+
+def _launch_with_default_gates(api) -> dict[str, object]:
+    """A short job through the launcher; whether it succeeded and how its watches listed."""
+    core = client.CoreV1Api(api)
+    ns = "v1-32-default-gates"
+    core.create_namespace({"metadata": {"name": ns}})
+    wait_for(lambda: core.list_namespaced_service_account(ns).items, what="default service account")
+    before = dict(list_counts)
+    outcome, out = launch(api, inputs(ns), PodScript(lines=["step 1", "done"]))
+    done = {k: list_counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
+    return {"succeeded": outcome.succeeded, "relayed": "done" in out, **done}
 
 
 def _wait_ready(c: testcluster.TestCluster, timeout: float = 60) -> None:
@@ -85,6 +101,7 @@ def cluster():
         with c.api_client() as api:
             _DEFAULT_GATES["probe"] = _streaming_list(api)
             _DEFAULT_GATES["version"] = client.VersionApi(api).get_code().git_version
+            _DEFAULT_GATES["launch"] = _launch_with_default_gates(api)
         c.restart_api_server("WatchList=false")
         _wait_ready(c)
         # Fresh informers for the Trainer's webhooks (they read runtimes from them): their first
@@ -137,6 +154,12 @@ def test_the_cluster_runs_kubernetes_1_32(cluster, api_client):
 
 def test_with_its_default_gates_1_32_serves_streaming_lists():
     assert _DEFAULT_GATES["probe"] == {"streaming": 1, "list": 0, "refused": 0}
+
+
+def test_with_its_default_gates_1_32_runs_the_launcher_on_streaming_lists():
+    launched = _DEFAULT_GATES["launch"]
+    assert launched["succeeded"] and launched["relayed"], launched
+    assert launched["streaming"] >= 1 and launched["list"] == 0 and launched["refused"] == 0, launched
 
 
 def test_with_watchlist_off_a_streaming_list_is_refused_with_422_and_the_watch_lists(api_client):
