@@ -7,7 +7,8 @@
 # digest of their wrapper's files: the kubelet (hack/k8s/kube), CoreDNS
 # (hack/k8s/coredns) and the node images (the pause image, compiled from the Kubernetes
 # module's build/pause/linux/pause.c, and the probe test image, hack/k8s/testimage) as
-# OCI image layout tars. Skips everything that is already there.
+# OCI image layout tars. The oldest Kubernetes version tested (hack/k8s/kube-1.32: kube-apiserver,
+# kube-controller-manager, kube-scheduler) into one of its own. Skips everything that is already there.
 #
 #   hack/k8s/build.sh            # build what is missing; print the bin dirs (see below)
 #   hack/k8s/build.sh --print    # only print them (exit 1 if anything is missing)
@@ -15,7 +16,7 @@
 #
 # Output (stdout): lines CONTROLLERS_BIN=<path of the controllers binary>,
 # KUBELET_BIN=<kubelet>, COREDNS_BIN=<coredns>, NODE_IMAGES=<dir of pause.tar and
-# probe.tar>, then the directory of the Kubernetes/etcd/kwok binaries as the last line.
+# probe.tar>, KUBE_OLD_BIN=<dir of the 1.32 binaries>, then the directory of the Kubernetes/etcd/kwok binaries as the last line.
 #
 # The modules build side by side (the Kubernetes build is the long one; the others
 # fill the gaps in its compile and link steps); KFP_TRAINER_BUILD_JOBS=1 builds one
@@ -36,6 +37,9 @@ KWOK_VERSION=v0.8.0
 TRAINER_VERSION=v2.3.0
 JOBSET_VERSION=v0.12.0
 COREDNS_VERSION=v1.15.0
+# The oldest supported API server, for the version-skew tests (hack/k8s/kube-1.32): its
+# kube-apiserver, kube-controller-manager and kube-scheduler (none may be newer than the API server).
+K8S_OLD_VERSION=v1.32.2
 PAUSE_TAG=3.10.2  # build/pause/Makefile's TAG in the Kubernetes module
 
 CACHE_ROOT="${KFP_TRAINER_CACHE:-$HOME/.cache/kfp-trainer}"
@@ -56,6 +60,9 @@ KUBELET_BIN="$CACHE_ROOT/kubelet-$K8S_VERSION-$(files_digest kube go.mod go.sum)
 COREDNS_BIN="$CACHE_ROOT/coredns-$COREDNS_VERSION-$(files_digest coredns go.mod go.sum main.go)/bin/coredns"
 IMAGES_DIR="$CACHE_ROOT/node-images-$K8S_VERSION-pause-$PAUSE_TAG-$(files_digest . testimage/go.mod testimage/main.go testcluster/ociimage.py)"
 IMAGES=(pause.tar probe.tar)
+OLD_BIN_DIR="$CACHE_ROOT/k8s-$K8S_OLD_VERSION-$(files_digest kube-1.32 go.mod go.sum)/bin"
+OLD_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler)
+old_present() { local b; for b in "${OLD_BINARIES[@]}"; do [[ -x "$OLD_BIN_DIR/$b" ]] || return 1; done; }
 
 all_present() {
   local b
@@ -63,6 +70,7 @@ all_present() {
     [[ -x "$BIN_DIR/$b" ]] || return 1
   done
   [[ -x "$CTRL_BIN" && -x "$KUBELET_BIN" && -x "$COREDNS_BIN" ]] || return 1
+  old_present || return 1
   for b in "${IMAGES[@]}"; do
     [[ -f "$IMAGES_DIR/$b" ]] || return 1
   done
@@ -73,6 +81,7 @@ report() {
   echo "KUBELET_BIN=$KUBELET_BIN"
   echo "COREDNS_BIN=$COREDNS_BIN"
   echo "NODE_IMAGES=$IMAGES_DIR"
+  echo "KUBE_OLD_BIN=$OLD_BIN_DIR"
   echo "$BIN_DIR"
 }
 
@@ -82,7 +91,7 @@ case "$mode" in
     report
     all_present && exit 0
     exit 1 ;;
-  --force) rm -rf "$BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR" ;;
+  --force) rm -rf "$BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR" "$OLD_BIN_DIR" ;;
   build|"") ;;
   *) echo "usage: $0 [--print|--force]" >&2; exit 2 ;;
 esac
@@ -103,9 +112,10 @@ check_pin() { # <module dir> <module path> <version>
 check_pin controllers github.com/kubeflow/trainer/v2 "$TRAINER_VERSION"
 check_pin controllers sigs.k8s.io/jobset "$JOBSET_VERSION"
 check_pin kwok sigs.k8s.io/kwok "$KWOK_VERSION"
+check_pin kube-1.32 k8s.io/kubernetes "$K8S_OLD_VERSION"
 
 NICE="${KFP_TRAINER_NICE:-10}"
-mkdir -p "$BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR"
+mkdir -p "$BIN_DIR" "$OLD_BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR"
 # Build into temporary directories and move the finished binaries in, so an
 # interrupted build never leaves a half-written binary behind.
 WORK="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
@@ -136,19 +146,27 @@ build_kwok() {
   mv -f "$WORK/kwok/"* "$BIN_DIR/"
 }
 
-kube_ldflags() {
-  local minor="${K8S_VERSION#v1.}" vpkg=k8s.io/component-base/version ldf
+kube_ldflags() { # [version]: the version stamp (default: $K8S_VERSION)
+  local v="${1:-$K8S_VERSION}" vpkg=k8s.io/component-base/version ldf minor
+  minor="${v#v1.}"
   minor="${minor%%.*}"
-  ldf="-s -w -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor"
+  ldf="-s -w -X $vpkg.gitVersion=$v -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor"
   ldf="$ldf -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
   # Also stamp the copy kube-apiserver uses for its compatibility version.
-  echo "$ldf -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+  echo "$ldf -X k8s.io/client-go/pkg/version.gitVersion=$v -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
 }
 
 build_kube() {
   gobuild kube "$WORK/kube" "$(kube_ldflags)" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
   mv -f "$WORK/kube/"* "$BIN_DIR/"
+}
+
+# The oldest supported control plane: its own job and cache directory.
+build_kube_old() {
+  gobuild kube-1.32 "$WORK/kube-old" "$(kube_ldflags "$K8S_OLD_VERSION")" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+  mv -f "$WORK/kube-old/"* "$OLD_BIN_DIR/"
 }
 
 # The kubelet: its own job and cache directory, so that adding it never rebuilds the others.
@@ -189,6 +207,7 @@ need kwok kwokctl && jobs_to_run+=(kwok)
 [[ -x "$CTRL_BIN" ]] || jobs_to_run+=(controllers)
 need kube-apiserver kube-controller-manager kube-scheduler && jobs_to_run+=(kube)
 [[ -x "$KUBELET_BIN" ]] || jobs_to_run+=(kubelet)
+old_present || jobs_to_run+=(kube_old)
 [[ -x "$COREDNS_BIN" ]] || jobs_to_run+=(coredns)
 [[ -f "$IMAGES_DIR/pause.tar" && -f "$IMAGES_DIR/probe.tar" ]] || jobs_to_run+=(images)
 
@@ -221,6 +240,7 @@ done
 if [[ ${#failed[@]} -gt 0 ]] || ! all_present; then
   echo "build incomplete; missing:" >&2
   for b in "${BINARIES[@]}"; do [[ -x "$BIN_DIR/$b" ]] || echo "  $BIN_DIR/$b" >&2; done
+  for b in "${OLD_BINARIES[@]}"; do [[ -x "$OLD_BIN_DIR/$b" ]] || echo "  $OLD_BIN_DIR/$b" >&2; done
   for b in "$CTRL_BIN" "$KUBELET_BIN" "$COREDNS_BIN" "$IMAGES_DIR/pause.tar" "$IMAGES_DIR/probe.tar"; do
     [[ -e "$b" ]] || echo "  $b" >&2
   done

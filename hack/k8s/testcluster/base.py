@@ -16,10 +16,10 @@ from typing import Any
 import yaml
 
 from . import kwok, locks, objects
-from .binaries import Binaries, ClusterError, cache_root, trainer_manifests
+from .binaries import KUBE_VERSION, KUBE_VERSIONS, Binaries, ClusterError, cache_root, trainer_manifests
 from .components import Controllers, KubeletFront, PodScripting, parse_gates
 from .gc import GcProbe
-from .procs import read_pid, restart_kwokctl_component
+from .procs import read_pid, restart_kwokctl_component, with_feature_gates
 from .realnode import RealNode
 
 DEFAULT_CLUSTER_NAME = "kfp-trainer-test"
@@ -49,6 +49,8 @@ class ClusterBase:
         audit_policy: Path | None = None,
         real_node: bool | None = None,
         real_node_wait: float | None = None,
+        kube_version: str = KUBE_VERSION,
+        kube_feature_gates: str = "",
     ) -> None:
         """``unique``: name the cluster ``<name>-<pid>`` so concurrent test sessions never share
         (or delete) each other's cluster; clusters left by dead sessions are removed on start.
@@ -59,7 +61,19 @@ class ClusterBase:
         ``real_node``: also run the machine's real node (kubelet, containerd, CoreDNS:
         :mod:`.realnode`); default ``KFP_TRAINER_REAL_NODE`` (``0`` turns it off), on.
         ``real_node_wait``: seconds to wait for the real node while another cluster has it
-        (default ``KFP_TRAINER_REAL_NODE_WAIT`` or 600), then fail."""
+        (default ``KFP_TRAINER_REAL_NODE_WAIT`` or 600), then fail.
+        ``kube_version``: of kube-apiserver, kube-controller-manager and kube-scheduler, one of
+        ``binaries.KUBE_VERSIONS``; an older one than the kubelet's (``KUBE_VERSION``) runs
+        without the real node, as a kubelet must not be newer than its API server.
+        ``kube_feature_gates``: ``Name=true,...`` for those three (e.g. ``WatchList=false``)."""
+        if kube_version not in KUBE_VERSIONS:
+            raise ClusterError(f"kube_version {kube_version!r}: not one of the built versions {', '.join(KUBE_VERSIONS)}")
+        if kube_version != KUBE_VERSION and real_node:
+            raise ClusterError(
+                f"kube_version {kube_version}: no real node (its kubelet {KUBE_VERSION} must not be newer than the API server)"
+            )
+        self.kube_version = kube_version
+        self.kube_feature_gates = kube_feature_gates
         self.base_name = name or os.environ.get("KFP_TRAINER_CLUSTER_NAME", DEFAULT_CLUSTER_NAME)
         self.unique = unique
         self.root = Path(root) if root else cache_root() / "clusters"
@@ -73,7 +87,7 @@ class ClusterBase:
         self.feature_gates = dict(env_feature_gates() if feature_gates is None else feature_gates)
         self.audit_policy = Path(audit_policy) if audit_policy else None
         if real_node is None:
-            real_node = os.environ.get("KFP_TRAINER_REAL_NODE", "1") not in ("0", "false", "no")
+            real_node = kube_version == KUBE_VERSION and os.environ.get("KFP_TRAINER_REAL_NODE", "1") not in ("0", "false", "no")
         self.want_real_node = real_node
         self.real_node_wait = float(real_node_wait if real_node_wait is not None else os.environ.get("KFP_TRAINER_REAL_NODE_WAIT", 600))
         self.timings: dict[str, float] = {}
@@ -172,6 +186,11 @@ class ClusterBase:
             return read_pid(self.cluster_dir / "pids" / f"{component}.pid")
         return read_pid(self.root / f"{self.name}.{component}.pid")
 
+    def restart_api_server(self, feature_gates: str) -> None:
+        """Restart kube-apiserver with ``--feature-gates=<feature_gates>`` instead of its own."""
+        restart_kwokctl_component(self.cluster_dir, "kube-apiserver", args=lambda argv: with_feature_gates(argv, feature_gates))
+        self._api_client = None
+
     def restart(self, component: str, kill: signal.Signals = signal.SIGTERM) -> None:
         """Stop a component (see :meth:`pid`) with ``kill`` and start it again as it was
         (kwokctl's with the same command line; ours with the cluster's settings)."""
@@ -238,11 +257,13 @@ class ClusterBase:
             return False
 
     def _save_state(self) -> None:
-        self.state_file.write_text(json.dumps({"ports": vars(self.ports), "feature_gates": self.feature_gates}))
+        state = {"ports": vars(self.ports), "feature_gates": self.feature_gates, "kube_version": self.kube_version}
+        self.state_file.write_text(json.dumps(state))
 
     def _load_state(self) -> None:
         state = json.loads(self.state_file.read_text())
         self.ports = kwok.Ports(**state["ports"])
+        self.kube_version = state.get("kube_version") or KUBE_VERSION
         if not self.feature_gates:
             self.feature_gates = state.get("feature_gates") or {}
 

@@ -15,6 +15,10 @@ REPO = K8S_DIR.parent.parent
 BUILD_SH = K8S_DIR / "build.sh"
 
 KUBE_VERSION = "v1.36.3"
+# The oldest API server the tests run (hack/k8s/kube-1.32): its kube-apiserver, controller
+# manager and scheduler; etcd, kwok and the controllers are the same as with KUBE_VERSION.
+OLD_KUBE_VERSION = "v1.32.2"
+KUBE_VERSIONS = (KUBE_VERSION, OLD_KUBE_VERSION)
 
 
 class ClusterError(RuntimeError):
@@ -27,17 +31,27 @@ class BinariesUnavailable(ClusterError):
 
 @dataclasses.dataclass(frozen=True)
 class Binaries:
-    """The Kubernetes, etcd and kwok binaries (``bin_dir``), the controllers binary and the
-    real node's pieces: the kubelet, CoreDNS and the node images (``pause.tar``, ``probe.tar``)."""
+    """The Kubernetes, etcd and kwok binaries (``bin_dir``), the controllers binary, the
+    real node's pieces: the kubelet, CoreDNS and the node images (``pause.tar``, ``probe.tar``),
+    and the oldest version's kube-apiserver, controller manager and scheduler (``kube_old``)."""
 
     bin_dir: Path
     controllers: Path
     kubelet: Path | None = None
     coredns: Path | None = None
     node_images: Path | None = None
+    kube_old: Path | None = None
 
     def __truediv__(self, name: str) -> Path:
         return self.bin_dir / name
+
+    def kube(self, name: str, version: str = KUBE_VERSION) -> Path:
+        """The control plane binary ``name`` (``kube-apiserver``, ...) of Kubernetes ``version``."""
+        if version == KUBE_VERSION:
+            return self.bin_dir / name
+        if version == OLD_KUBE_VERSION and self.kube_old is not None:
+            return self.kube_old / name
+        raise ClusterError(f"Kubernetes {version}: no binaries (built: {', '.join(KUBE_VERSIONS)})")
 
 
 def cache_root() -> Path:
@@ -93,6 +107,8 @@ def binaries(build: bool = False, log: TextIO | None = None) -> Binaries:
             f"control plane binaries not available in {where} (hack/k8s/build.sh exited {rc})" + (f":\n{tail}" if tail else "")
         )
     extra = {
-        f: Path(named[k]) for f, k in (("kubelet", "KUBELET_BIN"), ("coredns", "COREDNS_BIN"), ("node_images", "NODE_IMAGES")) if k in named
+        f: Path(named[k])
+        for f, k in (("kubelet", "KUBELET_BIN"), ("coredns", "COREDNS_BIN"), ("node_images", "NODE_IMAGES"), ("kube_old", "KUBE_OLD_BIN"))
+        if k in named
     }
     return Binaries(Path(lines[-1]), Path(controllers), **extra)

@@ -7,8 +7,8 @@ import json
 import sys
 
 from . import realnode
-from .binaries import ClusterError, binaries
-from .cluster import TestCluster
+from .binaries import KUBE_VERSION, KUBE_VERSIONS, ClusterError, binaries
+from .cluster import DEFAULT_CLUSTER_NAME, TestCluster
 from .components import parse_gates
 
 USAGE = """\
@@ -19,6 +19,9 @@ USAGE = """\
 
     up --feature-gates TrainJobStatus=true   # gates of the Trainer/JobSet controllers
     up --no-real-node                        # without the real node (kubelet, containerd, CoreDNS)
+    up --kube-version v1.32.2                # the oldest API server tested (no real node), cluster
+                                             # name kfp-trainer-test-v1-32 unless --name is given
+    up --kube-version v1.32.2 --kube-feature-gates WatchList=false   # gates of the Kubernetes components
 
 Environment: KFP_TRAINER_CACHE, KFP_TRAINER_CRDS_DIR, KFP_TRAINER_JOBSET_DIR,
 KFP_TRAINER_CLUSTER_NAME, KFP_TRAINER_FEATURE_GATES (see docs/controlplane.md).
@@ -31,11 +34,24 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--name", default=None)
     ap.add_argument("--feature-gates", default=None, help="Name=true,... for the Trainer/JobSet controllers")
     ap.add_argument("--no-real-node", action="store_true", help="up: start the cluster without the real node")
+    ap.add_argument("--kube-version", default=KUBE_VERSION, choices=KUBE_VERSIONS, help="of kube-apiserver, controller manager, scheduler")
+    ap.add_argument("--kube-feature-gates", default="", help="Name=true,... for kube-apiserver, controller manager and scheduler")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     gates = parse_gates(args.feature_gates) if args.feature_gates is not None else None
-    real_node = False if args.no_real_node else None
-    c = TestCluster(args.name, reuse=True, verbose=args.verbose or args.command == "up", feature_gates=gates, real_node=real_node)
+    real_node = False if args.no_real_node or args.kube_version != KUBE_VERSION else None
+    name = args.name
+    if name is None and args.kube_version != KUBE_VERSION:
+        name = f"{DEFAULT_CLUSTER_NAME}-{'-'.join(args.kube_version.split('.')[:2])}"
+    c = TestCluster(
+        name,
+        reuse=True,
+        verbose=args.verbose or args.command == "up",
+        feature_gates=gates,
+        real_node=real_node,
+        kube_version=args.kube_version,
+        kube_feature_gates=args.kube_feature_gates,
+    )
     if args.command == "build":
         b = binaries(build=True, log=sys.stderr)
         print(b.bin_dir)

@@ -62,7 +62,17 @@ class TestCluster(ClusterBase):
         self.ports = kwok.Ports.pick()
         try:
             with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=self.root) as f:
-                yaml.safe_dump_all(kwok.config(self._bin, self.ports, self.cluster_dir, audit_policy=self.audit_policy), f)
+                yaml.safe_dump_all(
+                    kwok.config(
+                        self._bin,
+                        self.ports,
+                        self.cluster_dir,
+                        audit_policy=self.audit_policy,
+                        kube_version=self.kube_version,
+                        kube_feature_gates=self.kube_feature_gates,
+                    ),
+                    f,
+                )
             try:
                 self._kwokctl(
                     "create",
@@ -258,6 +268,7 @@ class TestCluster(ClusterBase):
             "bin_dir": str(self._bin.bin_dir) if self._bin else None,
             "controllers": str(self._bin.controllers) if self._bin else None,
             "feature_gates": self.feature_gates,
+            "kube_version": self.kube_version,
             "trainer_dir": str(self.trainer_dir),
             "timings": {k: round(v, 2) for k, v in self.timings.items()},
             "real_node": self.real_node.describe() if self._bin and self.real_node.running() else None,

@@ -69,13 +69,22 @@ def stages(volumes_dir: Path = DEFAULT_VOLUMES_DIR) -> list[dict]:
     return docs
 
 
-def config(b: Binaries, ports: Ports, cluster_dir: Path, audit_policy: Path | None = None) -> list[dict]:
+def config(
+    b: Binaries,
+    ports: Ports,
+    cluster_dir: Path,
+    audit_policy: Path | None = None,
+    kube_version: str = KUBE_VERSION,
+    kube_feature_gates: str = "",
+) -> list[dict]:
     """The kwokctl configuration documents (KwokctlConfiguration, KwokConfiguration, Stages).
 
     ``cluster_dir``: the cluster's directory (kwokctl's certificates in ``pki/``; the
     volumes the provisioner gives claims in ``volumes/``).
     ``audit_policy``: kwokctl copies it into the cluster's directory and starts the API server
     with ``--audit-policy-file`` and ``--audit-log-path=<cluster dir>/logs/audit.log``.
+    ``kube_version``: of kube-apiserver, kube-controller-manager and kube-scheduler (one of
+    ``binaries.KUBE_VERSIONS``). ``kube_feature_gates``: ``Name=true,...`` for those three.
     """
     pki = cluster_dir / "pki"
     options = {
@@ -93,16 +102,18 @@ def config(b: Binaries, ports: Ports, cluster_dir: Path, audit_policy: Path | No
         "kubeControllerManagerPort": ports.controller_manager,
         "kubeSchedulerPort": ports.scheduler,
         "kwokControllerPort": ports.kwok,
-        "kubeApiserverBinary": str(b / "kube-apiserver"),
-        "kubeControllerManagerBinary": str(b / "kube-controller-manager"),
-        "kubeSchedulerBinary": str(b / "kube-scheduler"),
+        "kubeApiserverBinary": str(b.kube("kube-apiserver", kube_version)),
+        "kubeControllerManagerBinary": str(b.kube("kube-controller-manager", kube_version)),
+        "kubeSchedulerBinary": str(b.kube("kube-scheduler", kube_version)),
         "kwokControllerBinary": str(b / "kwok"),
         "etcdBinary": str(b / "etcd"),
         "etcdctlBinary": str(b / "etcdctl"),
         "kubectlBinary": "/usr/bin/kubectl",
-        "kubeVersion": KUBE_VERSION,
+        "kubeVersion": kube_version,
         "nodeLeaseDurationSeconds": 40,
     }
+    if kube_feature_gates:
+        options["kubeFeatureGates"] = kube_feature_gates
     if audit_policy is not None:
         options["kubeAuditPolicy"] = str(audit_policy)
     kwokctl = {

@@ -116,16 +116,35 @@ def terminate(pids: Iterable[int], grace: float = 10) -> list[int]:
     return left
 
 
-def restart_kwokctl_component(cluster_dir: Path, name: str, kill: signal.Signals = signal.SIGTERM, timeout: float = 60) -> int:
+def with_feature_gates(argv: list[str], gates: str) -> list[str]:
+    """``argv`` with ``--feature-gates=<gates>`` instead of its own (none when ``gates`` is empty).
+
+    Example:
+        >>> with_feature_gates(["kube-apiserver", "--feature-gates=A=true", "--v=2"], "WatchList=false")
+        ['kube-apiserver', '--v=2', '--feature-gates=WatchList=false']
+    """
+    kept = [a for a in argv if not a.startswith("--feature-gates=")]
+    return kept + ([f"--feature-gates={gates}"] if gates else [])
+
+
+def restart_kwokctl_component(
+    cluster_dir: Path,
+    name: str,
+    kill: signal.Signals = signal.SIGTERM,
+    timeout: float = 60,
+    args: Callable[[list[str]], list[str]] | None = None,
+) -> int:
     """Stop one of kwokctl's processes (``kube-apiserver``, ``etcd``, ...) with ``kill`` and
-    start it again with the same command line and log; wait until its port answers.
-    Returns the new pid."""
+    start it again with the same command line (or ``args(command line)``) and log; wait until
+    its port answers. Returns the new pid."""
     from .binaries import ClusterError
 
     pidfile = cluster_dir / "pids" / f"{name}.pid"
     pid = int(pidfile.read_text().strip())
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         argv = [a.decode() for a in f.read().split(b"\0") if a]
+    if args is not None:
+        argv = args(argv)
     cwd = os.readlink(f"/proc/{pid}/cwd")
     port = next((a.split("=", 1)[1] for a in argv if a.startswith(("--secure-port=", "--listen-client-urls="))), None)
     port = int(port.rsplit(":", 1)[-1].split(",")[0]) if port else None

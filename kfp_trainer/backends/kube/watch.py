@@ -26,6 +26,7 @@ import math
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -41,6 +42,20 @@ STREAM_ERRORS = (urllib3.exceptions.HTTPError, OSError, TimeoutError, ValueError
 INITIAL_EVENTS = [("sendInitialEvents", "true"), ("resourceVersionMatch", "NotOlderThan")]
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _LISTS_ONLY: weakref.WeakSet[Any] = weakref.WeakSet()  # API clients whose server refused a streaming list
+# How this process's watches listed: "streaming" (a streaming list came to its end), "list" (a
+# list request), "refused" (a server refused a streaming list). For diagnostics and the tests.
+list_counts: Counter[str] = Counter()
+_COUNTS_LOCK = threading.Lock()
+
+
+def _count(kind: str) -> None:
+    with _COUNTS_LOCK:
+        list_counts[kind] += 1
+
+
+def streaming_lists_refused(api: ApiClient) -> bool:
+    """Whether the server of ``api`` refused a streaming list (its watches list instead)."""
+    return api in _LISTS_ONLY
 
 
 class Handle:
@@ -171,6 +186,7 @@ def watch(
             if version is None:
                 if not initial_events or api in _LISTS_ONLY:
                     items, version = list_objects(api, path, selectors, policy=policy)
+                    _count("list")
                     yield "LIST", {"items": items}
                     continue
                 initial = []
@@ -181,6 +197,7 @@ def watch(
                         raise
                     log.info("watch %s: the server refused a streaming list; listing", path)
                     _LISTS_ONLY.add(api)
+                    _count("refused")
                     continue
             else:
                 response = open_stream(api, path, selectors, version, timeout_seconds)
@@ -194,6 +211,7 @@ def watch(
                         initial.append(obj)
                     elif kind == "BOOKMARK" and ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
                         version = _version(obj, "") or None
+                        _count("streaming")
                         yield "LIST", {"items": initial}
                         initial = None
                     continue
