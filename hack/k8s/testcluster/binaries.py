@@ -27,14 +27,16 @@ class BinariesUnavailable(ClusterError):
 
 @dataclasses.dataclass(frozen=True)
 class Binaries:
-    """The Kubernetes, etcd and kwok binaries (``bin_dir``), the controllers binary and the
-    real node's pieces: the kubelet, CoreDNS and the node images (``pause.tar``, ``probe.tar``)."""
+    """The Kubernetes, etcd and kwok binaries (``bin_dir``), the controllers binary, the
+    real node's pieces: the kubelet, CoreDNS and the node images (``pause.tar``, ``probe.tar``),
+    and Kueue's manager."""
 
     bin_dir: Path
     controllers: Path
     kubelet: Path | None = None
     coredns: Path | None = None
     node_images: Path | None = None
+    kueue: Path | None = None  # Kueue's manager; its CRDs and webhook manifests beside its bin/
 
     def __truediv__(self, name: str) -> Path:
         return self.bin_dir / name
@@ -92,7 +94,6 @@ def binaries(build: bool = False, log: TextIO | None = None) -> Binaries:
         raise BinariesUnavailable(
             f"control plane binaries not available in {where} (hack/k8s/build.sh exited {rc})" + (f":\n{tail}" if tail else "")
         )
-    extra = {
-        f: Path(named[k]) for f, k in (("kubelet", "KUBELET_BIN"), ("coredns", "COREDNS_BIN"), ("node_images", "NODE_IMAGES")) if k in named
-    }
+    keys = (("kubelet", "KUBELET_BIN"), ("coredns", "COREDNS_BIN"), ("node_images", "NODE_IMAGES"), ("kueue", "KUEUE_BIN"))
+    extra = {f: Path(named[k]) for f, k in keys if k in named}
     return Binaries(Path(lines[-1]), Path(controllers), **extra)

@@ -61,6 +61,7 @@ CANNOT_START_EVENTS = {
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 _JOB_SUFFIX = re.compile(r"^-[a-z0-9]([-a-z0-9]*[a-z0-9])?-\d+$")
 _WORKLOAD_HASH = re.compile(r"[0-9a-f]{5}")
+_UNAVAILABLE = re.compile(r"resource \S+ unavailable in ClusterQueue")
 _SHORT_WORKLOAD_PREFIX = 57  # Kueue's ShortWorkloadNames: 63 characters in all, "-" and a 5-character hash included
 
 
@@ -156,8 +157,11 @@ class JobTracker:
         return self._events
 
     def workload_events(self) -> ObjectCache:
-        """The events of the job's Kueue Workload, any type (started on first use)."""
-        if self._workload_events is None:
+        """The events of the job's Kueue Workload, any type (started on first use).
+
+        Started again when the job is queued after it ran (preempted, evicted).
+        """
+        if self._workload_events is None or self._workload_events.closed:
             self._workload_events = ObjectCache(
                 self.api,
                 f"/api/v1/namespaces/{self.ref.namespace}/events",
@@ -171,6 +175,10 @@ class JobTracker:
                 name=f"workload-events-{self.ref.name}",
             ).start()
         return self._workload_events
+
+    def watching_queue(self) -> bool:
+        """Whether the Workload's events are watched (the launcher asked for the queue's notes)."""
+        return self._workload_events is not None and not self._workload_events.closed
 
     def started(self) -> None:
         """The trainer runs: blockers and the queue no longer matter, stop watching events."""
@@ -200,6 +208,8 @@ def blockers(tracker: JobTracker, *, wait: float = 5.0) -> list[Blocker]:
             )
     for pod in pods.objects():
         found += pod_blockers(pod)
+    if tracker.watching_queue():
+        found += quota_blockers(tracker.workload_events().objects())
     unique: dict[str, Blocker] = {}
     for blocker in found:
         unique.setdefault(blocker.reason, blocker)
@@ -217,6 +227,40 @@ def queue_notes(tracker: JobTracker, *, wait: float = 5.0) -> list[str]:
             tracker.queue_said.add(key)
             notes.append(f"{key[0]}: {key[1]}".strip(": "))
     return notes
+
+
+def never_fits(message: str) -> bool:
+    """Whether Kueue's reason for not admitting a Workload says its ClusterQueue can never fit it.
+
+    That is: more than the queue's whole quota, or a resource the queue does not have -- not
+    quota that is in use now.
+
+    Example:
+        >>> never_fits("couldn't assign flavors to pod set node: insufficient quota for nvidia.com/gpu in flavor gpu, "
+        ...            "previously considered podsets requests (0) + current podset request (16) > maximum capacity (8)")
+        True
+        >>> never_fits("couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor gpu, 8 more needed")
+        False
+    """
+    if "insufficient unused quota" in message:  # some flavor fits once quota is free again
+        return False
+    return "> maximum capacity" in message or bool(_UNAVAILABLE.search(message))
+
+
+def quota_blockers(workload_events: list[dict[str, Any]]) -> list[Blocker]:
+    """A fatal ``InsufficientQuota`` blocker when the Workload's ClusterQueue can never admit it.
+
+    Kueue's latest ``Pending`` event on the job's Workload says so (:func:`never_fits`).
+    """
+    pending = [e for e in sorted(workload_events, key=event_time) if e.get("reason") == "Pending"]
+    if not pending:
+        return []
+    obj = pending[-1].get("involvedObject") or {}
+    message = str(pending[-1].get("message") or "")
+    if not never_fits(message):
+        return []
+    where = f"Workload {obj.get('namespace') or ''}/{obj.get('name') or ''}".replace(" /", " ")
+    return [Blocker("InsufficientQuota", f"{where}: {message} (more than its ClusterQueue can ever admit)", fatal=True)]
 
 
 def pod_blockers(pod: dict[str, Any]) -> list[Blocker]:
