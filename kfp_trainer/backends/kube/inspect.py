@@ -36,6 +36,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from ...errors import UserError
+from ...spec import GROUP, PLURAL, VERSION
 from ..base import Blocker, JobRef
 from .api import RetryPolicy, call
 from .cache import ObjectCache
@@ -61,6 +62,7 @@ CANNOT_START_EVENTS = {
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 _JOB_SUFFIX = re.compile(r"^-[a-z0-9]([-a-z0-9]*[a-z0-9])?-\d+$")
 _WORKLOAD_HASH = re.compile(r"[0-9a-f]{5}")
+_PREEMPTED = re.compile(r"JobUID: (?P<job>[^)\s]+)\) due to (?P<why>[^;]+); preemptor path: (?P<path>[^;]+)")
 _UNAVAILABLE = re.compile(r"resource \S+ unavailable in ClusterQueue")
 _SHORT_WORKLOAD_PREFIX = 57  # Kueue's ShortWorkloadNames: 63 characters in all, "-" and a 5-character hash included
 
@@ -217,7 +219,11 @@ def blockers(tracker: JobTracker, *, wait: float = 5.0) -> list[Blocker]:
 
 
 def queue_notes(tracker: JobTracker, *, wait: float = 5.0) -> list[str]:
-    """What Kueue said about the job's Workload since the last call (``reason: message``), each message once."""
+    """What Kueue said about the job's Workload since the last call (``reason: message``), each message once.
+
+    A ``Preempted`` event is told in short (:func:`preemption_note`), the preempting TrainJob
+    named when it is in the same namespace.
+    """
     events = tracker.workload_events()
     events.synced.wait(wait)
     notes = []
@@ -225,8 +231,38 @@ def queue_notes(tracker: JobTracker, *, wait: float = 5.0) -> list[str]:
         key = (str(event.get("reason") or ""), str(event.get("message") or ""))
         if key not in tracker.queue_said:
             tracker.queue_said.add(key)
-            notes.append(f"{key[0]}: {key[1]}".strip(": "))
+            message = preemption_note(key[1], _trainjob_names(tracker)) if key[0] == "Preempted" else key[1]
+            notes.append(f"{key[0]}: {message}".strip(": "))
     return notes
+
+
+def preemption_note(message: str, names: dict[str, str]) -> str:
+    """Kueue's ``Preempted`` message in short; ``names``: TrainJob uid -> name (the preemptor's job uid).
+
+    Example:
+        >>> said = ("Preempted to accommodate a workload (UID: w1, JobUID: j1) due to prioritization in the ClusterQueue; "
+        ...         "preemptor path: /team-cq; preemptee path: /team-cq; preemptor effective priority: 9")
+        >>> preemption_note(said, {"j1": "urgent"})
+        'preempted by TrainJob urgent in ClusterQueue team-cq (prioritization in the ClusterQueue); waiting to be re-admitted'
+    """
+    found = _PREEMPTED.search(message)
+    if not found:
+        return message
+    queue = found["path"].strip().rstrip("/").rsplit("/", 1)[-1]
+    who = f"TrainJob {names[found['job']]}" if found["job"] in names else f"a workload of job uid {found['job']}"
+    return f"preempted by {who} in ClusterQueue {queue} ({found['why'].strip()}); waiting to be re-admitted"
+
+
+def _trainjob_names(tracker: JobTracker) -> dict[str, str]:
+    """The TrainJobs of the job's namespace by uid ({} when they cannot be listed)."""
+    try:
+        listed = call(
+            client.CustomObjectsApi(tracker.api).list_namespaced_custom_object,
+            GROUP, VERSION, tracker.ref.namespace, PLURAL, what="list TrainJobs", policy=tracker.policy,
+        )  # fmt: skip
+    except Exception:  # noqa: BLE001 - a name is a courtesy; the uid is said instead
+        return {}
+    return {str(j["metadata"].get("uid")): str(j["metadata"].get("name")) for j in listed.get("items") or []}
 
 
 def never_fits(message: str) -> bool:
