@@ -185,21 +185,21 @@ build_images() {
 }
 
 # Kueue's manager: the module's own cmd/kueue (a tool of the wrapper's go.mod), its main.go
-# edited by kueue/main.sed through an overlay; its CRDs and webhook manifests copied from the
-# module next to the binary (bin/../crds, bin/../webhook), the binary last.
+# edited by kueue/main.sed and built as the main package of a copy of the wrapper (go build
+# -overlay may not replace files in the module cache); its CRDs and webhook manifests copied
+# from the module next to the binary (bin/../crds, bin/../webhook), the binary last.
 build_kueue() {
-  local src out="$WORK/kueue" dst
+  local src mod="$WORK/kueue-module" dst
   src="$(cd "$HERE/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
   dst="$(dirname "$(dirname "$KUEUE_BIN")")"
-  mkdir -p "$out" "$dst/crds" "$dst/webhook"
-  sed -f "$HERE/kueue/main.sed" "$src/cmd/kueue/main.go" >"$out/main.go"
-  cmp -s "$src/cmd/kueue/main.go" "$out/main.go" && { echo "kueue/main.sed changed nothing in $src/cmd/kueue/main.go"; return 1; }
-  printf '{"Replace":{"%s":"%s"}}\n' "$src/cmd/kueue/main.go" "$out/main.go" >"$out/overlay.json"
-  GOFLAGS="$GOFLAGS -overlay=$out/overlay.json" gobuild kueue "$out/bin" \
-    "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
+  mkdir -p "$mod" "$dst/crds" "$dst/webhook"
+  cp "$HERE/kueue/go.mod" "$HERE/kueue/go.sum" "$mod/"
+  sed -f "$HERE/kueue/main.sed" "$src/cmd/kueue/main.go" >"$mod/main.go"
+  cmp -s "$src/cmd/kueue/main.go" "$mod/main.go" && { echo "kueue/main.sed changed nothing in $src/cmd/kueue/main.go"; return 1; }
+  (cd "$mod" && nice -n "$NICE" go build -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" -o "$mod/bin/kueue" .)
   install -m 0644 "$src"/config/components/crd/bases/*.yaml "$dst/crds/"
   install -m 0644 "$src/config/components/webhook/manifests.yaml" "$dst/webhook/"
-  mv -f "$out/bin/kueue" "$KUEUE_BIN"
+  mv -f "$mod/bin/kueue" "$KUEUE_BIN"
 }
 
 build_controllers() {
