@@ -312,6 +312,8 @@ class Launcher:
                 logs_thread.start()
             for status in statuses:
                 now = self.clock()
+                if started_at and not times.started:  # the trainer printed before its pod turned ready
+                    times.observe(Phase.RUNNING, started_at[0])
                 if status is not None:
                     outcome.status = status.raw
                     line = progress.observe(status.raw, now - begin)
@@ -328,8 +330,6 @@ class Launcher:
                     if status.phase.finished:
                         outcome.phase, outcome.reason, outcome.message = status.phase, status.reason, status.message
                         break
-                if started_at and not times.started:  # the trainer printed before its pod turned ready
-                    times.observe(Phase.RUNNING, started_at[0])
                 limit = times.exceeded(now, start_timeout=options.start_timeout, queue_timeout=options.queue_timeout,
                                        run_timeout=options.run_timeout, queue=queue)  # fmt: skip
                 if limit:

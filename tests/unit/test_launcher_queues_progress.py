@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from test_launcher_policies import INPUTS, FakeClock, ScriptedBackend, launch
 
-from kfp_trainer.backends.base import Blocker, JobStatus, Phase
+from kfp_trainer.backends.base import Blocker, JobStatus, LogLine, Phase
 from kfp_trainer.errors import CannotStartError, TimeLimitError
 
 QUEUED = INPUTS.model_copy(update={"queue_name": "team-q", "suspend": True})
@@ -160,3 +162,34 @@ def test_queue_timeout_bounds_the_wait_for_readmission_too():
     with pytest.raises(TimeLimitError, match="waited in queue team-q longer than queue_timeout=120s"):
         launcher.run(QUEUED)
     assert len(backend.deleted) == 1 and 140 < clock.now <= 150
+
+
+class PrintsBeforeReady(QueueBackend):
+    """The trainer prints while its pod is not Ready yet (the job still Pending), then Kueue preempts it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.go, self.printed = threading.Event(), threading.Event()
+
+    def follow_logs(self, ref, *, nodes, sink, stop):
+        self.go.wait(10)
+        for line in self.lines:
+            sink(LogLine("node-0", line))
+        self.printed.set()
+        stop.wait(60)
+
+    def watch(self, ref):
+        for i, item in enumerate(super().watch(ref)):
+            if i == 1:  # the trainer prints after the job's first status; the suspension comes right after the line
+                self.go.set()
+                assert self.printed.wait(10)
+            yield item
+
+
+def test_a_job_preempted_before_its_pod_turned_ready_but_after_its_trainer_printed_is_preempted_not_queued():
+    clock = FakeClock()
+    script = [JobStatus(Phase.PENDING), suspended(), 30, JobStatus(Phase.PENDING), 5, JobStatus(Phase.SUCCEEDED)]
+    launcher, out = launch(PrintsBeforeReady(script, clock, lines=["epoch 1 loss=0.9"]), clock)
+    outcome = launcher.run(QUEUED)
+    assert outcome.preemptions == 1 and outcome.times["preempted"] == 30.0
+    assert "waiting to be re-admitted to LocalQueue team-q" in out.getvalue()
