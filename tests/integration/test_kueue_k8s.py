@@ -21,7 +21,7 @@ from helpers import get_trainjob, list_trainjobs, pods, wait_for
 from kubernetes import client
 from test_progress_queues_k8s import Step, exit_trainer
 from testcluster import PodScript, queues
-from testcluster.kueue import PRIORITY_LABEL
+from testcluster.kueue import MANAGED_NAMESPACES, PRIORITY_LABEL
 
 from kfp_trainer import spec
 from kfp_trainer.backends.kubernetes import KubernetesBackend
@@ -46,6 +46,7 @@ class Queue:
 def queue(kueue, api_client, namespace):
     """A LocalQueue ``team-gpu`` in the test's namespace, on a ClusterQueue of its own with
     8 GPUs in a flavor of the KWOK GPU nodes (preemption within it: LowerPriority)."""
+    client.CoreV1Api(api_client).patch_namespace(namespace, {"metadata": {"labels": MANAGED_NAMESPACES}})  # Kueue's to manage
     tag = namespace.rsplit("-", 1)[-1]
     q = Queue("team-gpu", f"cq-{tag}", f"gpu-{tag}")
     queues.resource_flavor(api_client, q.flavor)

@@ -6,6 +6,11 @@ The manager serves its webhooks on 127.0.0.1 with the controllers' serving certi
 internal certificate management off; the webhook configurations come from the module's
 ``config/components/webhook/manifests.yaml``, reached by URL with that CA, and only for what
 this manager serves: Kueue's own kinds and TrainJobs (its one integration here).
+
+Kueue manages the TrainJobs of the namespaces labelled ``kfp-trainer.test/kueue=true`` only
+(:data:`MANAGED_NAMESPACES`): its ``managedJobsNamespaceSelector``, and the namespace selector of
+its TrainJob webhooks. The other tests of a session, which play Kueue themselves or carry a
+queue label with no LocalQueue behind it, never meet it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 # The webhook paths this manager serves (integrations it does not run are left out: the API
 # server would get 404s from them).
 SERVED = ("-kueue-x-k8s-io-", "-trainer-kubeflow-org-")
+JOB_WEBHOOKS = "-trainer-kubeflow-org-"
+MANAGED_NAMESPACES = {"kfp-trainer.test/kueue": "true"}  # the namespaces whose TrainJobs Kueue manages
 
 
 def manifests_dir(binary: Path) -> Path:
@@ -46,6 +53,8 @@ def configuration(cert_dir: Path, webhook_port: int, health_port: int) -> dict[s
         >>> c = configuration(Path("/pki"), 9443, 8081)
         >>> c["webhook"], c["integrations"]["frameworks"], c["internalCertManagement"]
         ({'host': '127.0.0.1', 'port': 9443, 'certDir': '/pki'}, ['trainer.kubeflow.org/trainjob'], {'enable': False})
+        >>> c["managedJobsNamespaceSelector"]
+        {'matchLabels': {'kfp-trainer.test/kueue': 'true'}}
     """
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -57,6 +66,7 @@ def configuration(cert_dir: Path, webhook_port: int, health_port: int) -> dict[s
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "manageJobsWithoutQueueName": False,
+        "managedJobsNamespaceSelector": {"matchLabels": dict(MANAGED_NAMESPACES)},
         "integrations": {"frameworks": [FRAMEWORK]},
         # The on-demand visibility API server listens on a fixed port: off, so clusters never collide.
         "featureGates": {"VisibilityOnDemand": False},
@@ -65,7 +75,8 @@ def configuration(cert_dir: Path, webhook_port: int, health_port: int) -> dict[s
 
 def webhook_configurations(manifest: Path, url: str, ca_pem: bytes) -> list[dict]:
     """The module's webhook configurations, named ``kueue-...``, reaching ``url`` (by path)
-    with ``ca_pem``, only the webhooks this manager serves."""
+    with ``ca_pem``, only the webhooks this manager serves; the TrainJob ones only for the
+    namespaces Kueue manages."""
     docs = crds.load_yaml_docs(manifest)
     out = []
     for doc in docs:
@@ -78,6 +89,8 @@ def webhook_configurations(manifest: Path, url: str, ca_pem: bytes) -> list[dict
             path = hook["clientConfig"]["service"]["path"]
             if any(s in path for s in SERVED):
                 hook["clientConfig"] = {"url": url + path, "caBundle": base64.b64encode(ca_pem).decode()}
+                if JOB_WEBHOOKS in path:
+                    hook["namespaceSelector"] = {"matchLabels": dict(MANAGED_NAMESPACES)}
                 hooks.append(hook)
         if not hooks:
             raise ClusterError(f"no Kueue webhooks for {SERVED} in {manifest}")
