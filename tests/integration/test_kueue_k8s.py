@@ -247,3 +247,21 @@ def test_a_cancel_while_preempted_deletes_the_job_and_its_workload(cluster, api_
     assert proc.returncode == CancelledError.exit_code, output
     assert f"deleting TrainJob {namespace}/{name}" in output
     nothing_left(api_client, namespace, name)
+
+
+def test_kueue_drops_a_v23_pod_patch_field_at_admission_and_the_step_fails_fast_with_the_trainers_refusal(api_client, namespace, queue):
+    """Kueue v0.17.0 is built with the Trainer v2.2 TrainJob API: when it admits a job it writes the
+    TrainJob back without ``terminationGracePeriodSeconds`` (v2.3) in our runtime patch, and the
+    Trainer's JobSet update is then refused (its pod template is immutable). Upstream behaviour,
+    reported within seconds instead of a job that never starts."""
+    out = io.StringIO()
+    inp = TrainJobInputs(run_id=f"run-{uuid.uuid4().hex[:8]}", task_name="train", namespace=namespace, queue_name=queue.local,
+                         termination_grace_period_seconds=45, pod_annotations=SHORT.annotations())  # fmt: skip
+    launcher = Launcher(KubernetesBackend(api_client, namespace=namespace, watch_timeout=5),
+                        LaunchOptions(blocker_check_interval=1.0, fatal_blocker_grace=5), out=out)  # fmt: skip
+    began = time.monotonic()
+    with pytest.raises(CannotStartError, match="TrainJobResourcesCreationFailed") as info:
+        launcher.run(inp)
+    assert time.monotonic() - began < 90 and "field is immutable" in str(info.value)
+    assert "admitted after" in out.getvalue()
+    nothing_left(api_client, namespace, launcher.prepare(inp)[0]["metadata"]["name"])
