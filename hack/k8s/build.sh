@@ -17,7 +17,8 @@
 #
 # Output (stdout): lines CONTROLLERS_BIN=<path of the controllers binary>,
 # KUBELET_BIN=<kubelet>, COREDNS_BIN=<coredns>, NODE_IMAGES=<dir of pause.tar and
-# probe.tar>, KUEUE_BIN=<kueue manager>, then the directory of the Kubernetes/etcd/kwok binaries as the last line.
+# probe.tar>, KUEUE_BIN=<Kueue's manager>, then the directory of the Kubernetes/etcd/kwok
+# binaries as the last line.
 #
 # The modules build side by side (the Kubernetes build is the long one; the others
 # fill the gaps in its compile and link steps); KFP_TRAINER_BUILD_JOBS=1 builds one

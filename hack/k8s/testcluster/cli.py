@@ -19,6 +19,7 @@ USAGE = """\
 
     up --feature-gates TrainJobStatus=true   # gates of the Trainer/JobSet controllers
     up --no-real-node                        # without the real node (kubelet, containerd, CoreDNS)
+    up --kueue                               # also Kueue v0.17.0 (namespaces labelled kfp-trainer.test/kueue=true)
 
 Environment: KFP_TRAINER_CACHE, KFP_TRAINER_CRDS_DIR, KFP_TRAINER_JOBSET_DIR,
 KFP_TRAINER_CLUSTER_NAME, KFP_TRAINER_FEATURE_GATES (see docs/controlplane.md).
@@ -31,6 +32,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--name", default=None)
     ap.add_argument("--feature-gates", default=None, help="Name=true,... for the Trainer/JobSet controllers")
     ap.add_argument("--no-real-node", action="store_true", help="up: start the cluster without the real node")
+    ap.add_argument("--kueue", action="store_true", help="up: also start Kueue (its CRDs, manager and webhooks)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     gates = parse_gates(args.feature_gates) if args.feature_gates is not None else None
@@ -45,6 +47,8 @@ def main(argv: list[str]) -> int:
         c.start()
         if gates is not None and c.timings.get("reused") and gates != c.feature_gates:
             c.restart_controllers(gates)
+        if args.kueue:
+            c.start_kueue()
         print(json.dumps(c.describe(), indent=2), file=sys.stderr)
         print(c.kubeconfig)
         return 0
