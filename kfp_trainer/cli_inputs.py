@@ -44,6 +44,7 @@ _SIMPLE = (
     "model_secret",
     "service_account",
     "queue_name",
+    "priority_class",
     "managed_by",
 )
 _INT = ("num_nodes", "active_deadline_seconds", "termination_grace_period_seconds")
@@ -126,7 +127,8 @@ HELP = {
     "model_uri": "model for the runtime's model initializer (hf://, s3://; with --local also builtin://, file://)",
     "model_secret": "Secret (by name) with the model initializer's credentials",
     "service_account": "service account of the trainer pods",
-    "queue_name": "Kueue LocalQueue to submit to",
+    "queue_name": "Kueue LocalQueue to submit to (the kueue.x-k8s.io/queue-name label)",
+    "priority_class": "Kueue WorkloadPriorityClass of the job (the kueue.x-k8s.io/priority-class label)",
     "managed_by": "who runs the job: the Trainer when unset, or kueue.x-k8s.io/multikueue (needs --queue-name)",
     "num_nodes": "number of trainer nodes; the runtime's when unset",
     "active_deadline_seconds": "server-side limit on the job's run time in seconds (Trainer v2.2+); none when unset",

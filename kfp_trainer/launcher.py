@@ -43,7 +43,7 @@ from .errors import CancelledError, CannotStartError, InfraError, JobFailedError
 from .metrics import MetricSeries, from_trainer_status
 from .prepare import PreparedJob, prepare
 from .spec import TrainJobInputs
-from .timing import PhaseTimes, duration
+from .timing import PREEMPTED, PhaseTimes, duration
 from .trainer_status import ProgressLog
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,7 @@ class Outcome:
     log_lines: int = 0
     times: dict[str, float] = field(default_factory=dict)  # seconds queued, starting, running (:mod:`kfp_trainer.timing`)
     queue: str = ""  # the Kueue LocalQueue the job was submitted to
+    preemptions: int = 0  # times it was suspended again after it ran (Kueue preempted or evicted it)
     progress: list[dict[str, Any]] = field(default_factory=list)  # trainerStatus history (:mod:`kfp_trainer.trainer_status`)
 
     @property
@@ -299,6 +300,8 @@ class Launcher:
                 logs_thread.start()
             for status in statuses:
                 now = self.clock()
+                if started_at and not times.started:  # the trainer printed before its pod turned ready
+                    times.observe(Phase.RUNNING, started_at[0])
                 if status is not None:
                     outcome.status = status.raw
                     line = progress.observe(status.raw, now - begin)
@@ -307,24 +310,26 @@ class Launcher:
                     if status.phase is not last_phase:
                         last_phase = status.phase
                         outcome.timeline.append((time.time(), status.phase.value + (f" ({status.reason})" if status.reason else "")))
-                        self._on_phase(status, times, now, queue)
+                        note = self._on_phase(status, times, now, queue)
+                        if note:
+                            outcome.timeline.append((time.time(), note))
                     if status.phase is Phase.RUNNING:
                         mark_started()
                     if status.phase.finished:
                         outcome.phase, outcome.reason, outcome.message = status.phase, status.reason, status.message
                         break
-                if started_at and not times.started:  # the trainer printed before its pod turned ready
-                    times.observe(Phase.RUNNING, started_at[0])
                 limit = times.exceeded(now, start_timeout=options.start_timeout, queue_timeout=options.queue_timeout,
                                        run_timeout=options.run_timeout, queue=queue)  # fmt: skip
                 if limit:
                     diagnosis = self._diagnose(outcome.ref, {} if times.started else blockers_seen)
                     raise TimeLimitError(f"TrainJob {outcome.ref} {limit[1]}", reason=limit[0], diagnosis=diagnosis)
-                if now - last_check >= options.blocker_check_interval and not (times.started or remote):
+                waiting = times.state in ("queued", PREEMPTED)
+                if now - last_check >= options.blocker_check_interval and not remote and (waiting or not times.started):
                     last_check = now
-                    if times.state == "queued":
+                    if waiting:
                         self._queue_notes(outcome.ref, queue)
-                    self._check_blockers(outcome.ref, blockers_seen, now)  # queued too: e.g. its JobSet cannot be made
+                    if not times.started:
+                        self._check_blockers(outcome.ref, blockers_seen, now)  # queued too: e.g. its JobSet cannot be made
             failing = False
         finally:
             close = getattr(statuses, "close", None)
@@ -336,12 +341,14 @@ class Launcher:
             printer.close()
             outcome.log_lines = printer.count
             outcome.times, outcome.queue, outcome.progress = times.totals(self.clock()), queue, list(progress.history)
+            outcome.preemptions = times.preemptions
         outcome.metrics.extend(from_trainer_status(outcome.status if "trainerStatus" in outcome.status else progress.status()))
         if outcome.phase is Phase.SUCCEEDED:
             spent = outcome.times
             self.say(
                 f"TrainJob {outcome.ref} completed ({outcome.reason or 'Complete'}): "
                 f"queued {duration(spent['queued'])}, starting {duration(spent['starting'])}, running {duration(spent['running'])}"
+                + (f", preempted {times.preemptions}x: {duration(spent[PREEMPTED])} suspended" if PREEMPTED in spent else "")
             )
             return
         what = "was deleted while running" if outcome.phase is Phase.DELETED else "failed"
@@ -351,21 +358,36 @@ class Launcher:
             diagnosis=self._diagnose(outcome.ref, {}),
         )
 
-    def _on_phase(self, status: JobStatus, times: PhaseTimes, now: float, queue: str) -> None:
+    def _on_phase(self, status: JobStatus, times: PhaseTimes, now: float, queue: str) -> str:
+        """Say what the phase change means for the wait; returns the queue's part of the timeline ("" if none)."""
         was, stretch = times.state, max(0.0, now - times.since)  # how long it has been in its current state
         times.observe(status.phase, now)
         if status.phase is Phase.SUSPENDED:
             why = f"{status.reason}: {status.message}".strip(": ")
             limit = f"queue_timeout {self.options.queue_timeout:.0f}s" if self.options.queue_timeout else "no queue_timeout"
+            if times.state == PREEMPTED:
+                by = "preempted or evicted by Kueue" if queue else "suspended"
+                self.say(
+                    f"TrainJob was suspended after {duration(times.totals(now)['running'])} running ({why}): {by}; "
+                    f"waiting to be re-admitted{' to LocalQueue ' + queue if queue else ''} ({limit}; "
+                    "the time suspended does not count as running time)"
+                )
+                return f"suspended while running: {by}"
             where = f"queued in LocalQueue {queue}" if queue else "suspended"
             self.say(f"TrainJob is {where} ({why}); waiting for {'Kueue' if queue else 'something'} to admit it ({limit})")
-            return
-        if was == "queued":
-            self.say(f"{'admitted' if queue else 'resumed'} after {duration(stretch)} {'in ' + queue if queue else 'suspended'}")
+            return where
+        note = ""
+        if was == PREEMPTED:
+            note = f"{'re-admitted' if queue else 'resumed'} after {duration(stretch)} suspended"
+            self.say(f"{note}{' in ' + queue if queue else ''}: the trainer starts again (from its last checkpoint, if it saves them)")
+        elif was == "queued":
+            note = f"{'admitted' if queue else 'resumed'} after {duration(stretch)} {'in ' + queue if queue else 'suspended'}"
+            self.say(note)
         if status.phase is Phase.RUNNING:
             self.say("trainer is running")
         elif status.phase is Phase.PENDING:
             self.say("waiting for the trainer to start")
+        return note
 
     def _queue_notes(self, ref: JobRef, queue: str) -> None:  # what the queue says (Kueue's Workload events), each once
         try:

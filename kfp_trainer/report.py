@@ -29,7 +29,7 @@ from typing import Any
 
 from .redaction import redact_text, shorten
 from .svg import MAX_POINTS, downsample, svg_chart
-from .timing import STATES, duration
+from .timing import PREEMPTED, STATES, duration
 
 MAX_CHARTS = 12
 MAX_TIMELINE = 200
@@ -101,6 +101,8 @@ def _summary_rows(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
     times = data.get("times") or {}
     if times:
         rows.append(("Queued / starting / running", " / ".join(duration(float(times.get(k) or 0)) for k in STATES)))
+    if PREEMPTED in times:
+        rows.append(("Preempted", _preempted(data)))
     for key, label in (("backend", "Backend"), ("duration_seconds", "Duration (s)"), ("log_lines", "Log lines")):
         if data.get(key) not in (None, ""):
             rows.append((label, data[key]))
@@ -174,10 +176,13 @@ def render_html(data: Mapping[str, Any]) -> str:
     parts += _progress_section(data.get("progress") or [])
     times = data.get("times") or {}
     if times:
-        rows_s = [(k, float(times.get(k) or 0), duration(float(times.get(k) or 0))) for k in STATES]
+        shown_states = STATES + ((PREEMPTED,) if PREEMPTED in times else ())
+        rows_s = [(k, float(times.get(k) or 0), duration(float(times.get(k) or 0))) for k in shown_states]
         parts.append("<h2>Time</h2>" + _table(["", "seconds", ""], rows_s, [False, True, False]))
         parts.append("<p class='muted'>Queued: suspended, waiting for its queue to admit it; starting: until a trainer "
-                     "ran (scheduling, image pulls, initializers); running: from then on.</p>")  # fmt: skip
+                     "ran (scheduling, image pulls, initializers); running: from then on"
+                     + ("; preempted: suspended again after it ran (Kueue preempted or evicted it), until re-admitted: "
+                        "time lost, with the work since its last checkpoint" if PREEMPTED in times else "") + ".</p>")  # fmt: skip
     extra = data.get("extra") or {}
     if extra:
         parts.append("<h2>Details</h2>" + _table(["", ""], list(extra.items())))
@@ -282,6 +287,12 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _preempted(data: Mapping[str, Any]) -> str:
+    """``1 time(s), 45s suspended`` -- how often the job was preempted and the time it lost waiting."""
+    count = int(data.get("preemptions") or 0)
+    return f"{count or 'some'} time(s), {duration(float((data.get('times') or {}).get(PREEMPTED) or 0))} suspended until re-admitted"
+
+
 def outcome_data(outcome: Any, **extra: Any) -> dict[str, Any]:
     """Plain data for :func:`render_html` from a launcher ``Outcome`` (duck-typed).
 
@@ -311,6 +322,7 @@ def outcome_data(outcome: Any, **extra: Any) -> dict[str, Any]:
         "log_lines": getattr(outcome, "log_lines", None),
         "times": dict(getattr(outcome, "times", {}) or {}),
         "queue": getattr(outcome, "queue", ""),
+        "preemptions": int(getattr(outcome, "preemptions", 0) or 0),
         "progress": list(getattr(outcome, "progress", []) or []),
     }
     timeline = data["timeline"]

@@ -1,13 +1,18 @@
-"""Where a TrainJob's time goes -- queued, starting, running -- and which time limit it passed. Pure.
+"""Where a TrainJob's time goes -- queued, starting, running, preempted -- and which limit it passed.
 
-A job is **queued** while it is suspended (a Kueue queue holds it; also when it is suspended
-again, e.g. preempted), **starting** from creation or admission until a trainer runs
-(scheduling, image pulls, initializers), and **running** from then on. Each limit applies
-to its own stretch, so a long wait in a busy queue never counts against ``start_timeout``:
+Pure.
+A job is **queued** while it is suspended before its trainer first ran (a Kueue queue holds
+it), **starting** from creation or admission until a trainer runs (scheduling, image pulls,
+initializers), **running** from then on, and **preempted** while it is suspended again after
+it ran (Kueue preempted or evicted it: its pods are gone until it is re-admitted). Each limit
+applies to its own stretch, so a long wait in a busy queue never counts against
+``start_timeout``, nor a preemption against ``run_timeout``:
 
-* ``queue_timeout`` -- seconds queued, in all;
+* ``queue_timeout`` -- seconds waiting for Kueue, in all: queued and preempted;
 * ``start_timeout`` -- seconds starting before the trainer first ran, queued time left out;
-* ``run_timeout`` -- seconds running, time queued again (preemption) left out.
+* ``run_timeout`` -- seconds running, time preempted left out.
+
+``preempted`` appears in :meth:`PhaseTimes.totals` only for a job that was preempted.
 
 Example:
     >>> times = PhaseTimes.at(0.0)
@@ -19,6 +24,10 @@ Example:
     {'queued': 500.0, 'starting': 30.0, 'running': 70.0}
     >>> times.exceeded(600.0, start_timeout=60, queue_timeout=0, run_timeout=0) is None
     True
+    >>> times.observe(Phase.SUSPENDED, 600.0), times.observe(Phase.RUNNING, 660.0), times.preemptions
+    ('preempted', 'running', 1)
+    >>> times.totals(700.0)
+    {'queued': 500.0, 'starting': 30.0, 'running': 110.0, 'preempted': 60.0}
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from dataclasses import dataclass, field
 from .backends.base import Phase
 
 STATES = ("queued", "starting", "running")
+PREEMPTED = "preempted"  # a fourth state, only once a job was preempted
 
 
 @dataclass
@@ -38,6 +48,7 @@ class PhaseTimes:
     state: str = "starting"
     started: bool = False  # the trainer has run at least once
     spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STATES, 0.0))
+    preemptions: int = 0  # times it was suspended again after it ran
 
     @classmethod
     def at(cls, now: float) -> PhaseTimes:
@@ -47,7 +58,7 @@ class PhaseTimes:
     def observe(self, phase: Phase, now: float) -> str | None:
         """Close the current stretch at ``now`` and enter ``phase``'s state; the new state when it changed."""
         if phase is Phase.SUSPENDED:
-            state = "queued"
+            state = PREEMPTED if self.started else "queued"
         elif phase is Phase.RUNNING or (phase is Phase.PENDING and self.started):
             state = "running"
         elif phase is Phase.PENDING:
@@ -57,6 +68,9 @@ class PhaseTimes:
         now = max(now, self.since)
         self.spent[self.state] += now - self.since
         self.since = now
+        if state == PREEMPTED and self.state != PREEMPTED:
+            self.preemptions += 1
+            self.spent.setdefault(PREEMPTED, 0.0)
         self.started = self.started or state == "running"
         changed, self.state = state != self.state, state
         return state if changed else None
@@ -72,7 +86,7 @@ class PhaseTimes:
     ) -> tuple[str, str] | None:
         """``(reason, what happened)`` for the first limit passed at ``now``, else None. 0 means no limit."""
         spent = self.totals(now)
-        if queue_timeout and spent["queued"] > queue_timeout:
+        if queue_timeout and spent["queued"] + spent.get(PREEMPTED, 0.0) > queue_timeout:
             where = f"in queue {queue}" if queue else "suspended"
             return "QueueTimeout", f"waited {where} longer than queue_timeout={queue_timeout:.0f}s"
         if start_timeout and not self.started and spent["starting"] > start_timeout:

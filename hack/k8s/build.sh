@@ -8,7 +8,9 @@
 # (hack/k8s/coredns) and the node images (the pause image, compiled from the Kubernetes
 # module's build/pause/linux/pause.c, and the probe test image, hack/k8s/testimage) as
 # OCI image layout tars. The oldest Kubernetes version tested (hack/k8s/kube-1.32: kube-apiserver,
-# kube-controller-manager, kube-scheduler) into one of its own. Skips everything that is already there.
+# kube-controller-manager, kube-scheduler) into one of its own. Kueue's manager (controllers and webhooks, hack/k8s/kueue: its
+# cmd/kueue as a tool of a wrapper module) into one of its own, keyed by version and the
+# wrapper's digest. Skips everything that is already there.
 #
 #   hack/k8s/build.sh            # build what is missing; print the bin dirs (see below)
 #   hack/k8s/build.sh --print    # only print them (exit 1 if anything is missing)
@@ -16,7 +18,8 @@
 #
 # Output (stdout): lines CONTROLLERS_BIN=<path of the controllers binary>,
 # KUBELET_BIN=<kubelet>, COREDNS_BIN=<coredns>, NODE_IMAGES=<dir of pause.tar and
-# probe.tar>, KUBE_OLD_BIN=<dir of the 1.32 binaries>, then the directory of the Kubernetes/etcd/kwok binaries as the last line.
+# probe.tar>, KUBE_OLD_BIN=<dir of the 1.32 binaries>, KUEUE_BIN=<Kueue's manager>, then the directory of the Kubernetes/etcd/kwok
+# binaries as the last line.
 #
 # The modules build side by side (the Kubernetes build is the long one; the others
 # fill the gaps in its compile and link steps); KFP_TRAINER_BUILD_JOBS=1 builds one
@@ -41,6 +44,7 @@ COREDNS_VERSION=v1.15.0
 # kube-apiserver, kube-controller-manager and kube-scheduler (none may be newer than the API server).
 K8S_OLD_VERSION=v1.32.2
 PAUSE_TAG=3.10.2  # build/pause/Makefile's TAG in the Kubernetes module
+KUEUE_VERSION=v0.17.0
 
 CACHE_ROOT="${KFP_TRAINER_CACHE:-$HOME/.cache/kfp-trainer}"
 BIN_DIR="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION/bin"
@@ -63,13 +67,14 @@ IMAGES=(pause.tar probe.tar)
 OLD_BIN_DIR="$CACHE_ROOT/k8s-$K8S_OLD_VERSION-$(files_digest kube-1.32 go.mod go.sum)/bin"
 OLD_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler)
 old_present() { local b; for b in "${OLD_BINARIES[@]}"; do [[ -x "$OLD_BIN_DIR/$b" ]] || return 1; done; }
+KUEUE_BIN="$CACHE_ROOT/kueue-$KUEUE_VERSION-$(files_digest kueue go.mod go.sum main.sed)/bin/kueue"
 
 all_present() {
   local b
   for b in "${BINARIES[@]}"; do
     [[ -x "$BIN_DIR/$b" ]] || return 1
   done
-  [[ -x "$CTRL_BIN" && -x "$KUBELET_BIN" && -x "$COREDNS_BIN" ]] || return 1
+  [[ -x "$CTRL_BIN" && -x "$KUBELET_BIN" && -x "$COREDNS_BIN" && -x "$KUEUE_BIN" ]] || return 1
   old_present || return 1
   for b in "${IMAGES[@]}"; do
     [[ -f "$IMAGES_DIR/$b" ]] || return 1
@@ -82,6 +87,7 @@ report() {
   echo "COREDNS_BIN=$COREDNS_BIN"
   echo "NODE_IMAGES=$IMAGES_DIR"
   echo "KUBE_OLD_BIN=$OLD_BIN_DIR"
+  echo "KUEUE_BIN=$KUEUE_BIN"
   echo "$BIN_DIR"
 }
 
@@ -91,7 +97,7 @@ case "$mode" in
     report
     all_present && exit 0
     exit 1 ;;
-  --force) rm -rf "$BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR" "$OLD_BIN_DIR" ;;
+  --force) rm -rf "$BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR" "$OLD_BIN_DIR" "$(dirname "$KUEUE_BIN")" ;;
   build|"") ;;
   *) echo "usage: $0 [--print|--force]" >&2; exit 2 ;;
 esac
@@ -113,9 +119,10 @@ check_pin controllers github.com/kubeflow/trainer/v2 "$TRAINER_VERSION"
 check_pin controllers sigs.k8s.io/jobset "$JOBSET_VERSION"
 check_pin kwok sigs.k8s.io/kwok "$KWOK_VERSION"
 check_pin kube-1.32 k8s.io/kubernetes "$K8S_OLD_VERSION"
+check_pin kueue sigs.k8s.io/kueue "$KUEUE_VERSION"
 
 NICE="${KFP_TRAINER_NICE:-10}"
-mkdir -p "$BIN_DIR" "$OLD_BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR"
+mkdir -p "$BIN_DIR" "$OLD_BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR" "$(dirname "$KUEUE_BIN")"
 # Build into temporary directories and move the finished binaries in, so an
 # interrupted build never leaves a half-written binary behind.
 WORK="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
@@ -196,6 +203,24 @@ build_images() {
   mv -f "$out/pause.tar" "$out/probe.tar" "$IMAGES_DIR/"
 }
 
+# Kueue's manager: the module's own cmd/kueue (a tool of the wrapper's go.mod), its main.go
+# edited by kueue/main.sed and built as the main package of a copy of the wrapper (go build
+# -overlay may not replace files in the module cache); its CRDs and webhook manifests copied
+# from the module next to the binary (bin/../crds, bin/../webhook), the binary last.
+build_kueue() {
+  local src mod="$WORK/kueue-module" dst
+  src="$(cd "$HERE/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+  dst="$(dirname "$(dirname "$KUEUE_BIN")")"
+  mkdir -p "$mod" "$dst/crds" "$dst/webhook"
+  cp "$HERE/kueue/go.mod" "$HERE/kueue/go.sum" "$mod/"
+  sed -f "$HERE/kueue/main.sed" "$src/cmd/kueue/main.go" >"$mod/main.go"
+  cmp -s "$src/cmd/kueue/main.go" "$mod/main.go" && { echo "kueue/main.sed changed nothing in $src/cmd/kueue/main.go"; return 1; }
+  (cd "$mod" && nice -n "$NICE" go build -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" -o "$mod/bin/kueue" .)
+  install -m 0644 "$src"/config/components/crd/bases/*.yaml "$dst/crds/"
+  install -m 0644 "$src/config/components/webhook/manifests.yaml" "$dst/webhook/"
+  mv -f "$mod/bin/kueue" "$KUEUE_BIN"
+}
+
 build_controllers() {
   gobuild controllers "$WORK/controllers" "-s -w" .
   mv -f "$WORK/controllers/controllers" "$CTRL_BIN"
@@ -209,6 +234,7 @@ need kube-apiserver kube-controller-manager kube-scheduler && jobs_to_run+=(kube
 [[ -x "$KUBELET_BIN" ]] || jobs_to_run+=(kubelet)
 old_present || jobs_to_run+=(kube_old)
 [[ -x "$COREDNS_BIN" ]] || jobs_to_run+=(coredns)
+[[ -x "$KUEUE_BIN" ]] || jobs_to_run+=(kueue)
 [[ -f "$IMAGES_DIR/pause.tar" && -f "$IMAGES_DIR/probe.tar" ]] || jobs_to_run+=(images)
 
 start=$(date +%s)
@@ -241,7 +267,7 @@ if [[ ${#failed[@]} -gt 0 ]] || ! all_present; then
   echo "build incomplete; missing:" >&2
   for b in "${BINARIES[@]}"; do [[ -x "$BIN_DIR/$b" ]] || echo "  $BIN_DIR/$b" >&2; done
   for b in "${OLD_BINARIES[@]}"; do [[ -x "$OLD_BIN_DIR/$b" ]] || echo "  $OLD_BIN_DIR/$b" >&2; done
-  for b in "$CTRL_BIN" "$KUBELET_BIN" "$COREDNS_BIN" "$IMAGES_DIR/pause.tar" "$IMAGES_DIR/probe.tar"; do
+  for b in "$CTRL_BIN" "$KUBELET_BIN" "$COREDNS_BIN" "$KUEUE_BIN" "$IMAGES_DIR/pause.tar" "$IMAGES_DIR/probe.tar"; do
     [[ -e "$b" ]] || echo "  $b" >&2
   done
   report

@@ -68,6 +68,7 @@ def torchtune_finetune(
     service_account: Optional[str] = None,
     active_deadline_seconds: int = 0,
     queue_name: Optional[str] = None,
+    priority_class: Optional[str] = None,
     backend: str = "auto",
     workspace_path: str = "",
     start_timeout: float = 3600.0,
@@ -137,7 +138,11 @@ def torchtune_finetune(
         tolerations: Tolerations of the trainer pods.
         service_account: Service account of the trainer pods.
         active_deadline_seconds: Server-side limit on the job's run time in seconds; 0 means none.
-        queue_name: Kueue LocalQueue to submit to.
+        queue_name: Kueue LocalQueue to submit to: the TrainJob gets the kueue.x-k8s.io/queue-name label, Kueue suspends it and
+            tracks it as the Workload trainjob-<name>-<hash> until its ClusterQueue admits it; the step waits (queue_timeout), logs
+            Kueue's reasons and waits again if Kueue preempts the job.
+        priority_class: Kueue WorkloadPriorityClass of the job (the kueue.x-k8s.io/priority-class label): its Workload's priority
+            in the queue, and which jobs it may preempt; the queue's default when unset.
         backend: Where to run: auto (the cluster; local under kfp-trainer run --local), kubernetes or local.
         workspace_path: The pipeline workspace (filled in when the pipeline has one).
         start_timeout: Seconds the job may take to start (queueing, initializers' downloads, image pulls); 0 means no limit.

@@ -73,6 +73,7 @@ def train_job(
     active_deadline_seconds: int = 0,
     suspend: Optional[bool] = None,
     queue_name: Optional[str] = None,
+    priority_class: Optional[str] = None,
     managed_by: Optional[str] = None,
     patch: Optional[dict] = None,
     backend: str = "auto",
@@ -146,7 +147,11 @@ def train_job(
         init_containers: Env, volumeMounts and securityContext for init containers the runtime defines, by name ({name, env, ...}).
         active_deadline_seconds: Server-side limit on the job's run time in seconds (Trainer v2.2+); 0 means none.
         suspend: Create the TrainJob suspended (e.g. for a queue to admit).
-        queue_name: Kueue LocalQueue to submit to.
+        queue_name: Kueue LocalQueue to submit to: the TrainJob gets the kueue.x-k8s.io/queue-name label, Kueue suspends it and
+            tracks it as the Workload trainjob-<name>-<hash> until its ClusterQueue admits it; the step waits (queue_timeout), logs
+            Kueue's reasons and waits again if Kueue preempts the job.
+        priority_class: Kueue WorkloadPriorityClass of the job (the kueue.x-k8s.io/priority-class label): its Workload's priority
+            in the queue, and which jobs it may preempt; the queue's default when unset.
         managed_by: Who runs the job: the Trainer (default) or kueue.x-k8s.io/multikueue (a worker cluster; needs queue_name).
         patch: Raw merge patch applied to the rendered TrainJob (expert use).
         backend: Where to run: auto (the cluster; local under kfp-trainer run --local), kubernetes or local.

@@ -43,6 +43,7 @@ ANNOTATION_TASK = LABEL_PREFIX + "task"
 # Set to "true" on a ClusterTrainingRuntime, it lets jobs of that runtime use host access.
 ALLOW_HOST_ACCESS_ANNOTATION = LABEL_PREFIX + "allow-host-access"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # names a Kueue WorkloadPriorityClass
 TRAINER_CONTROLLER = "trainer.kubeflow.org/trainjob-controller"  # spec.managedBy: the Trainer runs the job here
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"  # spec.managedBy: Kueue's MultiKueue runs it on a worker cluster
 MANAGERS = (TRAINER_CONTROLLER, MULTIKUEUE)  # what the TrainJob CRD allows in spec.managedBy
@@ -153,6 +154,7 @@ class TrainJobInputs(BaseModel):
     active_deadline_seconds: int | None = None
     suspend: Annotated[bool, Strict()] = False
     queue_name: Text = ""
+    priority_class: Text = ""
     managed_by: Text = ""
     patch: dict[Text, Any] = Field(default_factory=dict)
 
@@ -213,7 +215,7 @@ class TrainJobInputs(BaseModel):
 
 _LEFT_OUT_WHEN_UNSET = (
     "scheduling_gates", "security_context", "container_security_context", "termination_grace_period_seconds", "init_containers",
-    "managed_by",
+    "managed_by", "priority_class",
 )
 _ENV_FIELDS = ("env", "dataset_env", "model_env")
 _ENV_EXPECTED = "a map of NAME to string value, or a list of EnvVar objects ({name, value} or {name, valueFrom})"

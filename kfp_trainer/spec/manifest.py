@@ -29,6 +29,7 @@ from .inputs import (
     LABEL_SCOPE,
     LABEL_TASK,
     MANAGER,
+    PRIORITY_LABEL,
     QUEUE_LABEL,
     TRAINER_JOBS,
     ApiVersion,
@@ -219,6 +220,8 @@ def build(
         metadata["namespace"] = inputs.namespace
     if inputs.queue_name:
         metadata["labels"][QUEUE_LABEL] = inputs.queue_name
+    if inputs.priority_class:
+        metadata["labels"][PRIORITY_LABEL] = inputs.priority_class
     annotations = {key: value for key, value in ((ANNOTATION_RUN, inputs.run_id), (ANNOTATION_TASK, inputs.task_name)) if value}
     if annotations:
         metadata["annotations"] = annotations

@@ -27,6 +27,7 @@ from .inputs import (
     MAX_NODES,
     MAX_PROC_PER_NODE,
     MODEL_SCHEMES,
+    PRIORITY_LABEL,
     QUEUE_LABEL,
     RESERVED_ENV_PREFIXES,
     TRAINER_JOBS,
@@ -197,6 +198,15 @@ def _check_lifecycle(inputs: TrainJobInputs, api_version: ApiVersion | None) -> 
                 inputs.queue_name,
                 f"a label value (it becomes the {QUEUE_LABEL} label): <= 63 characters of alphanumerics, '-', '_', '.', "
                 "starting and ending alphanumeric",
+            )
+        )
+    if inputs.priority_class and not rules.ok(rules.DNS_SUBDOMAIN, inputs.priority_class, 63):
+        e.append(
+            ValidationError(
+                "priority_class",
+                inputs.priority_class,
+                f"the name of a Kueue WorkloadPriorityClass (it becomes the {PRIORITY_LABEL} label): <= 63 characters of "
+                "lowercase alphanumerics, '-' and '.', starting and ending alphanumeric",
             )
         )
     return e

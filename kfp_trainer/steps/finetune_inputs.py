@@ -94,6 +94,7 @@ _SOURCE_INPUTS = ("dataset_uri", "dataset_secret", "dataset_options", "model_uri
 _JOB_INPUTS = (
     "runtime", "runtime_kind", "name", "name_prefix", "namespace", "run_id", "task_name", "task_id", "pipeline_name", "labels",
     "pod_labels", "pod_annotations", "node_selector", "tolerations", "service_account", "active_deadline_seconds", "queue_name",
+    "priority_class",
 )  # fmt: skip
 _ZERO_UNSET = ("batch_size", "epochs", "num_nodes", "lora_rank", "active_deadline_seconds")  # 0 means: the runtime's value
 

@@ -123,7 +123,7 @@ _SETTINGS = (
 _JOB_INPUTS = (
     "runtime", "runtime_kind", "num_nodes", "num_proc_per_node", "resources_per_node", "name", "name_prefix", "namespace",
     "run_id", "task_name", "task_id", "pipeline_name", "labels", "pod_labels", "pod_annotations", "node_selector",
-    "tolerations", "service_account", "active_deadline_seconds", "queue_name",
+    "tolerations", "service_account", "active_deadline_seconds", "queue_name", "priority_class",
 )  # fmt: skip
 
 

@@ -40,7 +40,7 @@ _BUILD_ERROR: str | None = None
 _WANT_REAL_NODE = False  # a selected test runs real pods
 _CLUSTER: testcluster.TestCluster | None = None
 # Component logs attached to a failing test's report (last lines of each).
-_REPORTED_LOGS = ("controllers", "podscript", "kwok-controller", "kube-controller-manager", "kubelet", "containerd", "coredns")
+_REPORTED_LOGS = ("controllers", "kueue", "podscript", "kwok-controller", "kube-controller-manager", "kubelet", "containerd", "coredns")
 
 
 def _unavailable(reason: str):
@@ -135,6 +135,16 @@ def real_node(cluster):
     if not node.running():
         pytest.fail(f"the real node is not running (logs: {node.logs_dir})", pytrace=False)
     return node
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster):
+    """Kueue v0.17.0 in the session's cluster (``testcluster.kueue.KueueManager``), started by the
+    first test that asks; its queue objects are made with ``testcluster.queues``."""
+    try:
+        return cluster.start_kueue()
+    except testcluster.ClusterError as e:
+        pytest.fail(f"Kueue did not start: {e}\n{_log_tails(cluster, ['kueue'])}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """The trainer's progress and the queue, end to end on the test control plane: the ``train_job``
 step against the real Trainer v2.3 status server (``TrainJobStatus`` gate) and a test that
 plays Kueue (creates the job suspended with the queue label, says why it waits with a Workload
-event, admits it later by setting ``suspend: false``).
+event, admits it later by setting ``suspend: false``); the real Kueue: test_kueue_k8s.py.
 """
 
 from __future__ import annotations

@@ -371,6 +371,8 @@ INPUT_CASES: list[Case] = [
     ),
     Case("queue-newline", {"queue_name": "team-q\n"}, "queue_name"),
     Case("queue-space", {"queue_name": "team queue"}, "queue_name"),
+    Case("priority-newline", {"queue_name": "team-q", "priority_class": "high\n"}, "priority_class"),
+    Case("priority-label-injection", {"queue_name": "team-q", "priority_class": "high,team=x"}, "priority_class"),
     Case(
         "suspend-and-queue",
         {"suspend": True, "queue_name": "team-q", "active_deadline_seconds": 3600},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from kfp_trainer.backends.base import JobRef
-from kfp_trainer.backends.kube.inspect import belongs, blockers, pod_blockers
+from kfp_trainer.backends.kube.inspect import belongs, blockers, never_fits, pod_blockers
 
 REF = JobRef("ns", "train-abc", "uid-1")
 CREATED = "2026-05-01T10:00:00Z"
@@ -33,9 +33,16 @@ class Cache:
 
 
 class Tracker:
-    def __init__(self, events=(), pods=()):
+    def __init__(self, events=(), pods=(), workload_events=None):
         self.ref = REF
         self._events, self._pods = Cache(events), Cache(pods)
+        self._workload = None if workload_events is None else Cache(workload_events)
+
+    def watching_queue(self):
+        return self._workload is not None
+
+    def workload_events(self):
+        return self._workload
 
     def events(self):
         return self._events
@@ -166,3 +173,37 @@ def test_the_diagnosis_names_the_node_and_container_of_a_failed_pod():
         metadata=client.V1ObjectMeta(name="p"), spec=client.V1PodSpec(containers=[]), status=client.V1PodStatus(phase="Pending")
     )
     assert pod_summary(unscheduled) == ("  p: Pending; ", None)
+
+
+WORKLOAD = "trainjob-train-abc-1a2b3"
+TOO_BIG = (
+    "couldn't assign flavors to pod set node: insufficient quota for nvidia.com/gpu in flavor gpu, "
+    "previously considered podsets requests (0) + current podset request (16) > maximum capacity (8)"
+)
+BUSY = "couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor gpu, 8 more needed"
+
+
+def pending(message, when):
+    e = event("Workload", WORKLOAD, "Pending", message, when=when)
+    e["involvedObject"]["namespace"] = "ns"
+    return e
+
+
+def test_a_workload_its_cluster_queue_can_never_admit_is_a_fatal_insufficient_quota_blocker():
+    found = blockers(Tracker(workload_events=[pending(BUSY, "2026-05-01T10:00:05Z"), pending(TOO_BIG, "2026-05-01T10:00:06Z")]))
+    assert [(b.reason, b.fatal) for b in found] == [("InsufficientQuota", True)]
+    assert found[0].message.startswith(f"Workload ns/{WORKLOAD}: {TOO_BIG}") and "can ever admit" in found[0].message
+
+
+def test_quota_in_use_now_or_an_earlier_reason_is_no_blocker():
+    # Busy quota: waiting helps. A never-fits reason followed by a busy one (the queue grew): waiting helps.
+    assert blockers(Tracker(workload_events=[pending(BUSY, "2026-05-01T10:00:05Z")])) == []
+    assert blockers(Tracker(workload_events=[pending(TOO_BIG, "2026-05-01T10:00:05Z"), pending(BUSY, "2026-05-01T10:00:09Z")])) == []
+    # The queue's events are only looked at while the launcher watches them (a queued job).
+    assert blockers(Tracker()) == []
+
+
+def test_never_fits_reads_kueues_reasons():
+    assert never_fits(TOO_BIG)
+    assert never_fits("couldn't assign flavors to pod set node: resource nvidia.com/gpu unavailable in ClusterQueue")
+    assert not never_fits(BUSY) and not never_fits(TOO_BIG + "; " + BUSY.split(": ", 1)[1])

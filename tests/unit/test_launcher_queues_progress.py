@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from test_launcher_policies import INPUTS, FakeClock, ScriptedBackend, launch
 
-from kfp_trainer.backends.base import Blocker, JobStatus, Phase
+from kfp_trainer.backends.base import Blocker, JobStatus, LogLine, Phase
 from kfp_trainer.errors import CannotStartError, TimeLimitError
 
 QUEUED = INPUTS.model_copy(update={"queue_name": "team-q", "suspend": True})
@@ -135,3 +137,59 @@ def test_a_multikueue_job_is_followed_by_its_status_without_logs_or_pods():
     launcher, out = launch(backend, clock, blocker_grace=10)
     assert launcher.run(inputs).succeeded
     assert "must not be read" not in out.getvalue() and "its pods and logs are there" in out.getvalue()
+
+
+def test_a_preempted_job_waits_to_be_readmitted_its_suspension_counted_apart_and_reported():
+    clock = FakeClock()
+    note = "Preempted: preempted by TrainJob ns/urgent in ClusterQueue team-cq (prioritization in the ClusterQueue)"
+    script = [JobStatus(Phase.RUNNING), 20, suspended()] + [5] * 12 + [JobStatus(Phase.PENDING), JobStatus(Phase.RUNNING), 30]
+    launcher, out = launch(QueueBackend(script + [JobStatus(Phase.SUCCEEDED)], clock, notes=[note]), clock, run_timeout=55)
+    outcome = launcher.run(QUEUED)  # 50 s running in all: under run_timeout, the 60 s suspended left out
+    assert outcome.succeeded and outcome.preemptions == 1
+    assert outcome.times == {"queued": 0.0, "starting": 0.0, "running": 50.0, "preempted": 60.0}
+    text = out.getvalue()
+    assert "TrainJob was suspended after 20s running (Suspended: TrainJob is suspended): preempted or evicted by Kueue" in text
+    assert "waiting to be re-admitted to LocalQueue team-q" in text and f"queue team-q: {note}" in text
+    assert "re-admitted after 1m 0s suspended in team-q" in text and "preempted 1x: 1m 0s suspended" in text
+    events = [e for _, e in outcome.timeline]
+    assert "suspended while running: preempted or evicted by Kueue" in events and "re-admitted after 1m 0s suspended" in events
+
+
+def test_queue_timeout_bounds_the_wait_for_readmission_too():
+    clock = FakeClock()
+    backend = ScriptedBackend([JobStatus(Phase.RUNNING), 20, suspended()] + [10] * 30, clock)
+    launcher, _ = launch(backend, clock, queue_timeout=120)
+    with pytest.raises(TimeLimitError, match="waited in queue team-q longer than queue_timeout=120s"):
+        launcher.run(QUEUED)
+    assert len(backend.deleted) == 1 and 140 < clock.now <= 150
+
+
+class PrintsBeforeReady(QueueBackend):
+    """The trainer prints while its pod is not Ready yet (the job still Pending), then Kueue preempts it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.go, self.printed = threading.Event(), threading.Event()
+
+    def follow_logs(self, ref, *, nodes, sink, stop):
+        self.go.wait(10)
+        for line in self.lines:
+            sink(LogLine("node-0", line))
+        self.printed.set()
+        stop.wait(60)
+
+    def watch(self, ref):
+        for i, item in enumerate(super().watch(ref)):
+            if i == 1:  # the trainer prints after the job's first status; the suspension comes right after the line
+                self.go.set()
+                assert self.printed.wait(10)
+            yield item
+
+
+def test_a_job_preempted_before_its_pod_turned_ready_but_after_its_trainer_printed_is_preempted_not_queued():
+    clock = FakeClock()
+    script = [JobStatus(Phase.PENDING), suspended(), 30, JobStatus(Phase.PENDING), 5, JobStatus(Phase.SUCCEEDED)]
+    launcher, out = launch(PrintsBeforeReady(script, clock, lines=["epoch 1 loss=0.9"]), clock)
+    outcome = launcher.run(QUEUED)
+    assert outcome.preemptions == 1 and outcome.times["preempted"] == 30.0
+    assert "waiting to be re-admitted to LocalQueue team-q" in out.getvalue()

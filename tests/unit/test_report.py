@@ -161,3 +161,20 @@ def test_outcome_data_carries_times_queue_and_progress():
     )
     d = outcome_data(outcome)
     assert d["times"]["running"] == 3.0 and d["queue"] == "q" and d["progress"][0]["percent"] == 5
+
+
+def test_report_shows_a_preemption_its_time_lost_and_the_queue_timeline():
+    timeline = [(1_700_000_000, "TrainJob created"), (1_700_000_001, "queued in LocalQueue team-q"),
+                (1_700_000_030, "admitted after 29s in team-q"), (1_700_000_100, "suspended while running: preempted or evicted by Kueue"),
+                (1_700_000_190, "re-admitted after 1m 30s suspended"), (1_700_000_300, "Succeeded")]  # fmt: skip
+    times = {"queued": 29.0, "starting": 5.0, "running": 175.0, "preempted": 90.0}
+    page = render_html(data(queue="team-q", times=times, preemptions=1, timeline=timeline))
+    assert "<td>Preempted</td><td>1 time(s), 1m 30s suspended until re-admitted</td>" in page
+    assert re.search(r"<td>preempted</td><td class=\"n\">90</td><td>1m 30s</td>", page.split("<h2>Time</h2>")[1])
+    assert "time lost, with the work since its last checkpoint" in page
+    shown = page.split("<h2>Timeline</h2>")[1]
+    for event in ("queued in LocalQueue team-q", "admitted after 29s", "suspended while running", "re-admitted after 1m 30s"):
+        assert event in shown
+    plain = render_html(data(queue="team-q", times={"queued": 1.0, "starting": 1.0, "running": 1.0}))
+    assert "<td>Preempted</td>" not in plain and "<td>preempted</td>" not in plain
+    assert outcome_data(SimpleNamespace(ref=JobRef("ns", "job"), preemptions=2, timeline=[]))["preemptions"] == 2

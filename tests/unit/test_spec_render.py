@@ -190,3 +190,12 @@ def test_suspend_and_queue_label():
     m = build_trainjob(run_id="r", task_name="t", suspend=True, queue_name="q1")
     assert m["spec"]["suspend"] is True
     assert m["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "q1"
+    assert "kueue.x-k8s.io/priority-class" not in m["metadata"]["labels"]
+
+
+def test_priority_class_is_the_kueue_priority_label_and_keeps_names_of_jobs_without_one():
+    m = build_trainjob(run_id="r", task_name="t", queue_name="q1", priority_class="high")
+    assert m["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+    plain = build_trainjob(run_id="r", task_name="t", queue_name="q1")
+    assert plain["metadata"]["name"] != m["metadata"]["name"]  # another job: it takes part in the inputs digest
+    assert plain["metadata"]["name"] == build_trainjob(run_id="r", task_name="t", queue_name="q1", priority_class="")["metadata"]["name"]

@@ -33,7 +33,8 @@ class BinariesUnavailable(ClusterError):
 class Binaries:
     """The Kubernetes, etcd and kwok binaries (``bin_dir``), the controllers binary, the
     real node's pieces: the kubelet, CoreDNS and the node images (``pause.tar``, ``probe.tar``),
-    and the oldest version's kube-apiserver, controller manager and scheduler (``kube_old``)."""
+    the oldest version's kube-apiserver, controller manager and scheduler (``kube_old``) and
+    Kueue's manager."""
 
     bin_dir: Path
     controllers: Path
@@ -41,6 +42,7 @@ class Binaries:
     coredns: Path | None = None
     node_images: Path | None = None
     kube_old: Path | None = None
+    kueue: Path | None = None  # Kueue's manager; its CRDs and webhook manifests beside its bin/
 
     def __truediv__(self, name: str) -> Path:
         return self.bin_dir / name
@@ -106,9 +108,9 @@ def binaries(build: bool = False, log: TextIO | None = None) -> Binaries:
         raise BinariesUnavailable(
             f"control plane binaries not available in {where} (hack/k8s/build.sh exited {rc})" + (f":\n{tail}" if tail else "")
         )
-    extra = {
-        f: Path(named[k])
-        for f, k in (("kubelet", "KUBELET_BIN"), ("coredns", "COREDNS_BIN"), ("node_images", "NODE_IMAGES"), ("kube_old", "KUBE_OLD_BIN"))
-        if k in named
-    }
+    keys = (
+        ("kubelet", "KUBELET_BIN"), ("coredns", "COREDNS_BIN"), ("node_images", "NODE_IMAGES"),
+        ("kube_old", "KUBE_OLD_BIN"), ("kueue", "KUEUE_BIN"),
+    )  # fmt: skip
+    extra = {f: Path(named[k]) for f, k in keys if k in named}
     return Binaries(Path(lines[-1]), Path(controllers), **extra)

@@ -22,6 +22,7 @@ USAGE = """\
     up --kube-version v1.32.2                # the oldest API server tested (no real node), cluster
                                              # name kfp-trainer-test-v1-32 unless --name is given
     up --kube-version v1.32.2 --kube-feature-gates WatchList=false   # gates of the Kubernetes components
+    up --kueue                               # also Kueue v0.17.0 (namespaces labelled kfp-trainer.test/kueue=true)
 
 Environment: KFP_TRAINER_CACHE, KFP_TRAINER_CRDS_DIR, KFP_TRAINER_JOBSET_DIR,
 KFP_TRAINER_CLUSTER_NAME, KFP_TRAINER_FEATURE_GATES (see docs/controlplane.md).
@@ -36,6 +37,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-real-node", action="store_true", help="up: start the cluster without the real node")
     ap.add_argument("--kube-version", default=KUBE_VERSION, choices=KUBE_VERSIONS, help="of kube-apiserver, controller manager, scheduler")
     ap.add_argument("--kube-feature-gates", default="", help="Name=true,... for kube-apiserver, controller manager and scheduler")
+    ap.add_argument("--kueue", action="store_true", help="up: also start Kueue (its CRDs, manager and webhooks)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     gates = parse_gates(args.feature_gates) if args.feature_gates is not None else None
@@ -61,6 +63,8 @@ def main(argv: list[str]) -> int:
         c.start()
         if gates is not None and c.timings.get("reused") and gates != c.feature_gates:
             c.restart_controllers(gates)
+        if args.kueue:
+            c.start_kueue()
         print(json.dumps(c.describe(), indent=2), file=sys.stderr)
         print(c.kubeconfig)
         return 0

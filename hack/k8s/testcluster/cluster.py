@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from . import crds, kwok, objects, realnode
+from . import crds, kueue, kwok, objects, realnode
 from .base import DEFAULT_CLUSTER_NAME, ClusterBase, env_feature_gates
 from .binaries import BinariesUnavailable, ClusterError, binaries, jobset_manifests
 from .gc import GcProbe, restart_controller_manager
@@ -23,7 +23,7 @@ from .procs import pid_alive, processes_under, terminate
 __all__ = ["DEFAULT_CLUSTER_NAME", "TestCluster", "env_feature_gates"]
 # Processes a cluster may leave: kwokctl's components and ours (matched by program name).
 OUR_PROGRAMS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller", "kwok")
-OUR_SCRIPTS = ("logfront.py", "podscript.py", "controllers")
+OUR_SCRIPTS = ("logfront.py", "podscript.py", "controllers", "kueue")
 
 
 class TestCluster(ClusterBase):
@@ -133,6 +133,20 @@ class TestCluster(ClusterBase):
         crds.install_runtimes(self._client, self.trainer_dir / "runtimes")
         self.podscript.start(env)
         self._timed("runtimes_podscript_s", t)
+
+    def start_kueue(self) -> kueue.KueueManager:
+        """Kueue in this cluster (once; a no-op while it runs): its CRDs, its manager (its
+        TrainJob integration on) and its webhooks. Stopped with the cluster."""
+        if self._bin is None or self._bin.kueue is None:
+            raise ClusterError("Kueue's manager is not built (hack/k8s/build.sh)")
+        t = time.monotonic()
+        manager = kueue.KueueManager(self.cluster_dir, self.root, self.name, self._bin.kueue, self.controllers.cert_dir)
+        kueue.install(self._client, self._bin.kueue)
+        manager.start(self._env())
+        kueue.register_webhooks(self._client, self._bin.kueue, manager.webhook_port, self.controllers.ca_file)
+        kueue.wait_webhooks(self._client)
+        self._timed("kueue_start_s", t)
+        return manager
 
     def _wait_ready(self, timeout: float = 120) -> None:
         from kubernetes import client

@@ -75,6 +75,11 @@ class ObjectCache:
         """Whether the watch is alive (started, not closed, not failed)."""
         return self._thread is not None and not self._handle.closed and self.error is None
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._handle.closed
+
     def close(self) -> None:
         """Stop the watch; readers keep the last objects."""
         self._handle.close()

@@ -36,6 +36,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from ...errors import UserError
+from ...spec import GROUP, PLURAL, VERSION
 from ..base import Blocker, JobRef
 from .api import RetryPolicy, call
 from .cache import ObjectCache
@@ -61,6 +62,8 @@ CANNOT_START_EVENTS = {
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 _JOB_SUFFIX = re.compile(r"^-[a-z0-9]([-a-z0-9]*[a-z0-9])?-\d+$")
 _WORKLOAD_HASH = re.compile(r"[0-9a-f]{5}")
+_PREEMPTED = re.compile(r"JobUID: (?P<job>[^)\s]+)\) due to (?P<why>[^;]+); preemptor path: (?P<path>[^;]+)")
+_UNAVAILABLE = re.compile(r"resource \S+ unavailable in ClusterQueue")
 _SHORT_WORKLOAD_PREFIX = 57  # Kueue's ShortWorkloadNames: 63 characters in all, "-" and a 5-character hash included
 
 
@@ -156,8 +159,11 @@ class JobTracker:
         return self._events
 
     def workload_events(self) -> ObjectCache:
-        """The events of the job's Kueue Workload, any type (started on first use)."""
-        if self._workload_events is None:
+        """The events of the job's Kueue Workload, any type (started on first use).
+
+        Started again when the job is queued after it ran (preempted, evicted).
+        """
+        if self._workload_events is None or self._workload_events.closed:
             self._workload_events = ObjectCache(
                 self.api,
                 f"/api/v1/namespaces/{self.ref.namespace}/events",
@@ -171,6 +177,10 @@ class JobTracker:
                 name=f"workload-events-{self.ref.name}",
             ).start()
         return self._workload_events
+
+    def watching_queue(self) -> bool:
+        """Whether the Workload's events are watched (the launcher asked for the queue's notes)."""
+        return self._workload_events is not None and not self._workload_events.closed
 
     def started(self) -> None:
         """The trainer runs: blockers and the queue no longer matter, stop watching events."""
@@ -200,6 +210,8 @@ def blockers(tracker: JobTracker, *, wait: float = 5.0) -> list[Blocker]:
             )
     for pod in pods.objects():
         found += pod_blockers(pod)
+    if tracker.watching_queue():
+        found += quota_blockers(tracker.workload_events().objects())
     unique: dict[str, Blocker] = {}
     for blocker in found:
         unique.setdefault(blocker.reason, blocker)
@@ -207,7 +219,11 @@ def blockers(tracker: JobTracker, *, wait: float = 5.0) -> list[Blocker]:
 
 
 def queue_notes(tracker: JobTracker, *, wait: float = 5.0) -> list[str]:
-    """What Kueue said about the job's Workload since the last call (``reason: message``), each message once."""
+    """What Kueue said about the job's Workload since the last call (``reason: message``), each message once.
+
+    A ``Preempted`` event is told in short (:func:`preemption_note`), the preempting TrainJob
+    named when it is in the same namespace.
+    """
     events = tracker.workload_events()
     events.synced.wait(wait)
     notes = []
@@ -215,8 +231,72 @@ def queue_notes(tracker: JobTracker, *, wait: float = 5.0) -> list[str]:
         key = (str(event.get("reason") or ""), str(event.get("message") or ""))
         if key not in tracker.queue_said:
             tracker.queue_said.add(key)
-            notes.append(f"{key[0]}: {key[1]}".strip(": "))
+            message = preemption_note(key[1], _trainjob_names(tracker)) if key[0] == "Preempted" else key[1]
+            notes.append(f"{key[0]}: {message}".strip(": "))
     return notes
+
+
+def preemption_note(message: str, names: dict[str, str]) -> str:
+    """Kueue's ``Preempted`` message in short; ``names``: TrainJob uid -> name (the preemptor's job uid).
+
+    Example:
+        >>> said = ("Preempted to accommodate a workload (UID: w1, JobUID: j1) due to prioritization in the ClusterQueue; "
+        ...         "preemptor path: /team-cq; preemptee path: /team-cq; preemptor effective priority: 9")
+        >>> preemption_note(said, {"j1": "urgent"})
+        'preempted by TrainJob urgent in ClusterQueue team-cq (prioritization in the ClusterQueue); waiting to be re-admitted'
+    """
+    found = _PREEMPTED.search(message)
+    if not found:
+        return message
+    queue = found["path"].strip().rstrip("/").rsplit("/", 1)[-1]
+    who = f"TrainJob {names[found['job']]}" if found["job"] in names else f"a workload of job uid {found['job']}"
+    return f"preempted by {who} in ClusterQueue {queue} ({found['why'].strip()}); waiting to be re-admitted"
+
+
+def _trainjob_names(tracker: JobTracker) -> dict[str, str]:
+    """The TrainJobs of the job's namespace by uid ({} when they cannot be listed)."""
+    try:
+        listed = call(
+            client.CustomObjectsApi(tracker.api).list_namespaced_custom_object,
+            GROUP, VERSION, tracker.ref.namespace, PLURAL, what="list TrainJobs", policy=tracker.policy,
+        )  # fmt: skip
+    except Exception:  # noqa: BLE001 - a name is a courtesy; the uid is said instead
+        return {}
+    return {str(j["metadata"].get("uid")): str(j["metadata"].get("name")) for j in listed.get("items") or []}
+
+
+def never_fits(message: str) -> bool:
+    """Whether Kueue's reason for not admitting a Workload says its ClusterQueue can never fit it.
+
+    That is: more than the queue's whole quota, or a resource the queue does not have -- not
+    quota that is in use now.
+
+    Example:
+        >>> never_fits("couldn't assign flavors to pod set node: insufficient quota for nvidia.com/gpu in flavor gpu, "
+        ...            "previously considered podsets requests (0) + current podset request (16) > maximum capacity (8)")
+        True
+        >>> never_fits("couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor gpu, 8 more needed")
+        False
+    """
+    if "insufficient unused quota" in message:  # some flavor fits once quota is free again
+        return False
+    return "> maximum capacity" in message or bool(_UNAVAILABLE.search(message))
+
+
+def quota_blockers(workload_events: list[dict[str, Any]]) -> list[Blocker]:
+    """A fatal ``InsufficientQuota`` blocker when the Workload's ClusterQueue can never admit it.
+
+    Kueue's latest ``Pending`` event on the job's Workload says so (:func:`never_fits`).
+    """
+    pending = [e for e in sorted(workload_events, key=event_time) if e.get("reason") == "Pending"]
+    if not pending:
+        return []
+    obj = pending[-1].get("involvedObject") or {}
+    message = str(pending[-1].get("message") or "")
+    if not never_fits(message):
+        return []
+    where = f"Workload {obj.get('namespace') or ''}/{obj.get('name') or ''}".replace(" /", " ")
+    return [Blocker("InsufficientQuota", f"{where}: {message} (more than its ClusterQueue can ever admit)", fatal=True)]
 
 
 def pod_blockers(pod: dict[str, Any]) -> list[Blocker]:
