@@ -33,14 +33,15 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from . import cancel, naming, spec
 from .backends import owner
-from .backends.base import Backend, Blocker, JobRef, JobStatus, LogLine, Phase, Submission
+from .backends.base import Backend, Blocker, LogLine, Submission
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
+from .jobstatus import JobRef, JobStatus, Phase
 from .metrics import MetricSeries, from_trainer_status
 from .spec import TrainJobInputs
 from .timing import PhaseTimes, duration
@@ -148,6 +149,39 @@ class _Printer:
             self._flusher.join(1.0)
 
 
+@dataclass
+class _Follow:
+    """What following one job keeps track of between two statuses."""
+
+    begin: float
+    queue: str  # the Kueue LocalQueue, or ""
+    remote: bool  # MultiKueue: pods and logs are on a worker cluster
+    times: PhaseTimes
+    progress: ProgressLog = field(default_factory=ProgressLog)
+    started_at: list[float] = field(default_factory=list)  # when the trainer was first seen running (once)
+    blockers: dict[str, float] = field(default_factory=dict)  # reason -> first seen
+    last_check: float = 0.0  # of the blockers: a job that starts within the interval costs no blocker watches
+    last_phase: Phase | None = None
+
+    @classmethod
+    def of(cls, outcome: Outcome, now: float) -> _Follow:
+        """The state at the start of following ``outcome``'s job."""
+        manifest = outcome.manifest
+        return cls(
+            begin=now,
+            queue=str(spec.dig(manifest, "metadata", "labels", spec.QUEUE_LABEL) or ""),
+            remote=spec.dig(manifest, "spec", "managedBy") == spec.MULTIKUEUE,
+            times=PhaseTimes.at(now),
+            last_check=now,
+        )
+
+
+def _close(statuses: Iterator[JobStatus | None]) -> None:
+    close = getattr(statuses, "close", None)  # a generator's; a plain iterator has none
+    if close is not None:
+        close()
+
+
 class Launcher:
     """Runs one TrainJob to its end on a backend. See the module docstring."""
 
@@ -183,8 +217,13 @@ class Launcher:
         info = self.backend.resolve_runtime(inputs)
         budget = min(naming.max_name_length(), naming.max_name_length(info.replicated_jobs))
         manifest = spec.render(
-            inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget, local=local,
-            allow_host_access=info.allow_host_access, init_containers=info.init_container_names,
+            inputs,
+            api_version=info.api_version,
+            runtime_jobs=info.job_names,
+            max_name_length=budget,
+            local=local,
+            allow_host_access=info.allow_host_access,
+            init_containers=info.init_container_names,
         )
         return owner.annotate(manifest), info.api_version, f"{info.kind}/{info.name}"
 
@@ -200,13 +239,12 @@ class Launcher:
             CancelledError: SIGTERM/SIGINT; the job was deleted (or never created).
             InfraError: The cluster stayed unreachable; the job was left to a retry.
         """
-        with cancel.handling(), cancel.cancellable():
+        with cancel.handling():
             manifest, api_version, runtime = self.prepare(inputs)
-            submission: Submission | None = None
+            cancel.check()  # a stop signal while preparing: nothing was created
+            submission = self._submit(manifest)
             try:
-                # Stored the moment submit returns (no signal is handled in between): a cancel from
-                # then on is caught below with the job known; one inside submit is reclaimed there.
-                submission = self._submit(manifest)
+                cancel.check()  # a stop signal while submit returned: the job is known, and deleted below
                 outcome = Outcome(
                     ref=submission.ref,
                     manifest=manifest,
@@ -219,20 +257,14 @@ class Launcher:
                 self._announce(submission, outcome)
                 self._follow(outcome)
             except (CancelledError, TimeLimitError, CannotStartError) as e:
-                if isinstance(e, CancelledError):
-                    cancel.acknowledge()  # handled here: the watchdog stops sending it again
-                if submission is not None:
-                    self.say(f"{type(e).__name__}: deleting TrainJob {submission.ref}")
-                    self._delete(submission.ref)
+                self.say(f"{type(e).__name__}: deleting TrainJob {submission.ref}")
+                self._delete(submission.ref)
                 raise
             except InfraError:
-                if submission is not None:
-                    self.say(f"lost the API server; TrainJob {submission.ref} is left running for a retry to adopt")
+                self.say(f"lost the API server; TrainJob {submission.ref} is left running for a retry to adopt")
                 raise
             finally:
-                release = getattr(self.backend, "release", None)
-                if release is not None and submission is not None:
-                    release(submission.ref)
+                self.backend.release(submission.ref)
             if self.options.delete_after_success:
                 self._delete(outcome.ref)
         return outcome
@@ -241,16 +273,12 @@ class Launcher:
         try:
             return self.backend.submit(manifest)
         except CancelledError:
-            cancel.acknowledge()
             # The create request may have reached the server: find the job by name and lineage, delete it.
-            reclaim = getattr(self.backend, "reclaim", None)
-            if reclaim is not None:
-                with cancel.shielded():
-                    try:
-                        done = reclaim(manifest, wait=self.options.delete_timeout)
-                    except Exception as e:  # report, but do not hide the cancel
-                        done = f"could not check whether TrainJob {manifest['metadata']['name']} was created: {e}"
-                    self.say(f"cancelled while submitting; {done or 'no TrainJob was created'}")
+            try:
+                done = self.backend.reclaim(manifest, wait=self.options.delete_timeout)
+            except Exception as e:  # report, but do not hide the cancel
+                done = f"could not check whether TrainJob {manifest['metadata']['name']} was created: {e}"
+            self.say(f"cancelled while submitting; {done or 'no TrainJob was created'}")
             raise
 
     def _announce(self, submission: Submission, outcome: Outcome) -> None:
@@ -265,90 +293,104 @@ class Launcher:
             self.on_submitted(submission.ref)
 
     def _delete(self, ref: JobRef) -> None:
-        # Deleting must finish even if a second SIGTERM arrives (it is raised afterwards).
-        with cancel.shielded():
-            try:
-                left = self.backend.delete(ref, wait=self.options.delete_timeout)
-            except Exception as e:  # report, but do not hide the original error
-                self.say(f"could not delete TrainJob {ref}: {e}")
-                return
-            if left:
-                self.say(str(left))
+        # Nothing on a deletion's way looks for stop signals: a second SIGTERM cannot abort it.
+        try:
+            left = self.backend.delete(ref, wait=self.options.delete_timeout)
+        except Exception as e:  # report, but do not hide the original error
+            self.say(f"could not delete TrainJob {ref}: {e}")
+            return
+        if left:
+            self.say(str(left))
 
     def _follow(self, outcome: Outcome) -> None:
-        options = self.options
-        begin = self.clock()
-        times, progress = PhaseTimes.at(begin), ProgressLog()
-        queue = str(spec.dig(outcome.manifest, "metadata", "labels", spec.QUEUE_LABEL) or "")
-        remote = spec.dig(outcome.manifest, "spec", "managedBy") == spec.MULTIKUEUE  # pods and logs are on a worker cluster
-        started_at: list[float] = []
-
-        def mark_started() -> None:
-            if not started_at:
-                started_at.append(self.clock())
-                outcome.timeline.append((time.time(), "trainer started"))
-
-        stop = threading.Event()
-        printer = _Printer(self.out, outcome.metrics, options.logs == "all", mark_started)
-        logs_thread = None
-        if remote:
+        """Follow the job to its end: statuses, time limits, blockers, the trainer's log."""
+        follow = _Follow.of(outcome, self.clock())
+        if follow.remote:
             self.say(f"{spec.MULTIKUEUE} runs this TrainJob on a worker cluster: its status is mirrored here, its pods and logs are there")
-        blockers_seen: dict[str, float] = {}
-        last_check = begin  # a job that starts within the interval costs no blocker watches
-        last_phase: Phase | None = None
+        stop = threading.Event()
+        printer = _Printer(self.out, outcome.metrics, self.options.logs == "all", lambda: self._mark_started(outcome, follow))
         statuses = self.backend.watch(outcome.ref)
+        logs_thread: threading.Thread | None = None
         failing = True
-        now = begin
         try:
-            if options.logs != "none" and not remote:  # started inside: a cancel right after stops it below
-                logs_thread = threading.Thread(
-                    target=self.backend.follow_logs,
-                    args=(outcome.ref,),
-                    kwargs={"nodes": options.logs, "sink": printer, "stop": stop},
-                    name="trainer-logs",
-                    daemon=True,
-                )
-                logs_thread.start()
+            logs_thread = self._start_logs(outcome.ref, follow, printer, stop)  # inside: a cancel right after stops it below
             for status in statuses:
+                cancel.check()  # at each status and heartbeat
                 now = self.clock()
-                if status is not None:
-                    outcome.status = status.raw
-                    line = progress.observe(status.raw, now - begin)
-                    if line:
-                        self.say(line)
-                    if status.phase is not last_phase:
-                        last_phase = status.phase
-                        outcome.timeline.append((time.time(), status.phase.value + (f" ({status.reason})" if status.reason else "")))
-                        self._on_phase(status, times, now, queue)
-                    if status.phase is Phase.RUNNING:
-                        mark_started()
-                    if status.phase.finished:
-                        outcome.phase, outcome.reason, outcome.message = status.phase, status.reason, status.message
-                        break
-                if started_at and not times.started:  # the trainer printed before its pod turned ready
-                    times.observe(Phase.RUNNING, started_at[0])
-                limit = times.exceeded(now, start_timeout=options.start_timeout, queue_timeout=options.queue_timeout,
-                                       run_timeout=options.run_timeout, queue=queue)  # fmt: skip
-                if limit:
-                    diagnosis = self._diagnose(outcome.ref, {} if times.started else blockers_seen)
-                    raise TimeLimitError(f"TrainJob {outcome.ref} {limit[1]}", reason=limit[0], diagnosis=diagnosis)
-                if now - last_check >= options.blocker_check_interval and not (times.started or remote):
-                    last_check = now
-                    if times.state == "queued":
-                        self._queue_notes(outcome.ref, queue)
-                    self._check_blockers(outcome.ref, blockers_seen, now)  # queued too: e.g. its JobSet cannot be made
+                if status is not None and self._observe(outcome, follow, status, now):
+                    break
+                self._check_limits(outcome.ref, follow, now)
             failing = False
         finally:
-            close = getattr(statuses, "close", None)
-            if close is not None:
-                close()
-            if logs_thread is not None and logs_thread.ident is not None:
-                stop.set()  # followers read what is left and return
-                logs_thread.join(min(1.0, options.log_drain_timeout) if failing else options.log_drain_timeout)
+            _close(statuses)
+            self._stop_logs(logs_thread, stop, failing)
             printer.close()
             outcome.log_lines = printer.count
-            outcome.times, outcome.queue, outcome.progress = times.totals(self.clock()), queue, list(progress.history)
-        outcome.metrics.extend(from_trainer_status(outcome.status if "trainerStatus" in outcome.status else progress.status()))
+            outcome.times, outcome.queue, outcome.progress = follow.times.totals(self.clock()), follow.queue, list(follow.progress.history)
+        cancel.check()  # a stop signal while the log drained: the job is deleted like any other
+        self._conclude(outcome, follow)
+
+    def _mark_started(self, outcome: Outcome, follow: _Follow) -> None:
+        if not follow.started_at:
+            follow.started_at.append(self.clock())
+            outcome.timeline.append((time.time(), "trainer started"))
+
+    def _start_logs(self, ref: JobRef, follow: _Follow, printer: _Printer, stop: threading.Event) -> threading.Thread | None:
+        if self.options.logs == "none" or follow.remote:
+            return None
+        thread = threading.Thread(
+            target=self.backend.follow_logs,
+            args=(ref,),
+            kwargs={"nodes": self.options.logs, "sink": printer, "stop": stop},
+            name="trainer-logs",
+            daemon=True,
+        )
+        thread.start()
+        return thread
+
+    def _stop_logs(self, thread: threading.Thread | None, stop: threading.Event, failing: bool) -> None:
+        if thread is None or thread.ident is None:
+            return
+        stop.set()  # followers read what is left and return
+        drain = self.options.log_drain_timeout
+        cancel.join(thread, min(1.0, drain) if failing else drain)  # a stop signal cuts the drain short
+
+    def _observe(self, outcome: Outcome, follow: _Follow, status: JobStatus, now: float) -> bool:
+        """Take in one status; True when the job has finished."""
+        outcome.status = status.raw
+        line = follow.progress.observe(status.raw, now - follow.begin)
+        if line:
+            self.say(line)
+        if status.phase is not follow.last_phase:
+            follow.last_phase = status.phase
+            outcome.timeline.append((time.time(), status.phase.value + (f" ({status.reason})" if status.reason else "")))
+            self._on_phase(status, follow.times, now, follow.queue)
+        if status.phase is Phase.RUNNING:
+            self._mark_started(outcome, follow)
+        if status.phase.finished:
+            outcome.phase, outcome.reason, outcome.message = status.phase, status.reason, status.message
+            return True
+        return False
+
+    def _check_limits(self, ref: JobRef, follow: _Follow, now: float) -> None:
+        """Raise when a time limit passed or a blocker outlasted its grace."""
+        options, times = self.options, follow.times
+        if follow.started_at and not times.started:  # the trainer printed before its pod turned ready
+            times.observe(Phase.RUNNING, follow.started_at[0])
+        limit = times.exceeded(now, start_timeout=options.start_timeout, queue_timeout=options.queue_timeout,
+                               run_timeout=options.run_timeout, queue=follow.queue)  # fmt: skip
+        if limit:
+            diagnosis = self._diagnose(ref, {} if times.started else follow.blockers)
+            raise TimeLimitError(f"TrainJob {ref} {limit[1]}", reason=limit[0], diagnosis=diagnosis)
+        if now - follow.last_check >= options.blocker_check_interval and not (times.started or follow.remote):
+            follow.last_check = now
+            if times.state == "queued":
+                self._queue_notes(ref, follow.queue)
+            self._check_blockers(ref, follow.blockers, now)  # queued too: e.g. its JobSet cannot be made
+
+    def _conclude(self, outcome: Outcome, follow: _Follow) -> None:
+        """Say how the job ended; raise :class:`JobFailedError` unless it succeeded."""
+        outcome.metrics.extend(from_trainer_status(outcome.status if "trainerStatus" in outcome.status else follow.progress.status()))
         if outcome.phase is Phase.SUCCEEDED:
             spent = outcome.times
             self.say(
@@ -381,7 +423,7 @@ class Launcher:
 
     def _queue_notes(self, ref: JobRef, queue: str) -> None:  # what the queue says (Kueue's Workload events), each once
         try:
-            for note in getattr(self.backend, "queue_notes", lambda ref: [])(ref):
+            for note in self.backend.queue_notes(ref):
                 self.say(f"queue {queue or '?'}: {note}")
         except CancelledError:
             raise
@@ -413,6 +455,7 @@ class Launcher:
             raise
         except Exception as e:  # the diagnosis must not hide the failure itself
             report = f"(diagnosis unavailable: {e})"
+        cancel.check()  # diagnosing takes requests: a stop signal meanwhile wins over the failure
         if blockers:
             report = "Blockers:\n" + "\n".join(f"  {b}" for b in blockers) + ("\n\n" + report if report else "")
         return report + "\n\nInspect with:\n" + self.backend.inspect_hint(ref)

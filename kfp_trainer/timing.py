@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .backends.base import Phase
+from .jobstatus import Phase
 
 STATES = ("queued", "starting", "running")
 

@@ -19,8 +19,9 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
+from ..jobstatus import JobRef, JobStatus, Phase
 from ..spec import GROUP, PLURAL, VERSION, ApiVersion, TrainJobInputs
-from .base import Blocker, JobRef, JobStatus, LogSink, Phase, RuntimeInfo, Submission, trainjob_status
+from .base import Backend, Blocker, LogSink, RuntimeInfo, Submission, trainjob_status
 from .kube import discovery, inspect
 from .kube.api import RetryPolicy
 from .kube.cache import EventQueue
@@ -31,7 +32,7 @@ from .kube.logs import NodeLogFollower
 __all__ = ["KubernetesBackend", "load_api_client"]
 
 
-class KubernetesBackend:
+class KubernetesBackend(Backend):
     """Runs TrainJobs on a Kubernetes cluster with Kubeflow Trainer installed.
 
     Args:
@@ -42,7 +43,8 @@ class KubernetesBackend:
         watch_timeout: Server-side timeout of each watch request: a quiet job costs one
             request per watch per period.
         policy: Retries of transient API errors.
-        heartbeat: Seconds between the status watch's heartbeats (no request involved).
+        heartbeat: Seconds between the status watch's heartbeats (no request involved); the
+            launcher looks for a stop signal at each, so keep it short.
         log_read_timeout: A log stream quiet this long is re-opened from its cursor.
         replace_timeout: How long an earlier try's job may take to go before replacing it.
     """
@@ -55,7 +57,7 @@ class KubernetesBackend:
         api_version: str = "auto",
         watch_timeout: int = 300,
         policy: RetryPolicy = RetryPolicy(),
-        heartbeat: float = 1.0,
+        heartbeat: float = 0.2,
         log_read_timeout: float = 300.0,
         replace_timeout: float = 120.0,
     ) -> None:

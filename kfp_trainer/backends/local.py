@@ -45,11 +45,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import cancel
 from ..errors import RuntimeNotFoundError, UserError
+from ..jobstatus import JobRef, JobStatus, Phase
 from ..spec import TrainJobInputs
 from ..storage import fetch, redact
 from . import local_torchtune
-from .base import Blocker, JobRef, JobStatus, LogLine, LogSink, Phase, RuntimeInfo, Submission, check_ownership, trainjob_status
+from .base import Backend, Blocker, LogLine, LogSink, RuntimeInfo, Submission, check_ownership, trainjob_status
 from .local_runtime import (
     BUILTIN_RUNTIMES,
     RUNTIMES_ENV,
@@ -104,7 +106,7 @@ class _Job:
         self.thread: threading.Thread | None = None
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """Runs TrainJobs as local processes. See the module docstring."""
 
     local = True
@@ -300,7 +302,7 @@ class LocalBackend:
         return codes
 
     def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
-        """Status changes read from the job's state file; ``None`` about every second as heartbeat.
+        """Status changes read from the job's state file; ``None`` as heartbeat, a few times a second.
 
         A job adopted from another process is followed through its state file, and that
         process (its supervisor) is checked on each read: when it is gone, nobody will record
@@ -330,10 +332,10 @@ class LocalBackend:
             else:
                 yield None
             if job is not None:  # started by this process: wake up on each change
-                job.changed.wait(1.0)
+                job.changed.wait(2 * cancel.TICK)  # short: the launcher looks for a stop signal at each heartbeat
                 job.changed.clear()
             else:  # adopted from another process: its state file is all there is
-                time.sleep(0.5)
+                time.sleep(2 * cancel.TICK)
 
     def blockers(self, ref: JobRef) -> list[Blocker]:
         """Nothing blocks a local job from starting once submit accepted it."""

@@ -7,8 +7,8 @@ import time
 
 from kubernetes import client
 
-from kfp_trainer.backends.base import JobRef
 from kfp_trainer.backends.kube import lifecycle
+from kfp_trainer.jobstatus import JobRef
 
 
 def test_pods_made_just_after_the_last_one_went_are_waited_for(monkeypatch):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from test_launcher_policies import INPUTS, FakeClock, ScriptedBackend, launch
 
-from kfp_trainer.backends.base import Blocker, JobStatus, Phase
+from kfp_trainer.backends.base import Blocker
 from kfp_trainer.errors import CannotStartError, TimeLimitError
+from kfp_trainer.jobstatus import JobStatus, Phase
 
 QUEUED = INPUTS.model_copy(update={"queue_name": "team-q", "suspend": True})
 
@@ -20,18 +21,6 @@ def progress(pct: int, **metrics: str) -> JobStatus:
     if metrics:
         status["metrics"] = [{"name": k, "value": v} for k, v in metrics.items()]
     return JobStatus(Phase.RUNNING, raw={"trainerStatus": status})
-
-
-class QueueBackend(ScriptedBackend):
-    """Also says what Kueue says about the job's Workload, as the Kubernetes backend does."""
-
-    def __init__(self, *args, notes=(), **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.notes = list(notes)
-
-    def queue_notes(self, ref):
-        out, self.notes = self.notes[:1], self.notes[1:]
-        return out
 
 
 def test_a_long_wait_in_the_queue_does_not_count_against_start_timeout():
@@ -88,7 +77,7 @@ def test_what_the_queue_says_is_logged_once_each_while_queued():
     clock = FakeClock()
     notes = ["Pending: couldn't assign flavors to pod set node: insufficient quota for cpu", "QuotaReserved: Quota reserved"]
     script = [suspended()] + [5] * 6 + [JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED)]
-    launcher, out = launch(QueueBackend(script, clock, notes=notes), clock)
+    launcher, out = launch(ScriptedBackend(script, clock, queue=notes), clock)
     launcher.run(QUEUED)
     text = out.getvalue()
     assert text.count("queue team-q: Pending: couldn't assign flavors to pod set node: insufficient quota for cpu") == 1

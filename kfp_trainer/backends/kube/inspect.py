@@ -36,9 +36,11 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from ...errors import UserError
-from ..base import Blocker, JobRef
+from ...jobstatus import JobRef
+from ..base import Blocker
 from .api import RetryPolicy, call
 from .cache import ObjectCache
+from .leftovers import JOBSET_LABEL
 
 IMAGE_ERRORS = {
     "ErrImagePull": False,
@@ -58,7 +60,6 @@ CANNOT_START_EVENTS = {
     "HeadlessServiceCreationFailed": "JobSet",
     "FailedCreate": "Job",
 }
-JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 _JOB_SUFFIX = re.compile(r"^-[a-z0-9]([-a-z0-9]*[a-z0-9])?-\d+$")
 _WORKLOAD_HASH = re.compile(r"[0-9a-f]{5}")
 _SHORT_WORKLOAD_PREFIX = 57  # Kueue's ShortWorkloadNames: 63 characters in all, "-" and a 5-character hash included

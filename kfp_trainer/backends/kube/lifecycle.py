@@ -28,9 +28,10 @@ from kubernetes.client import ApiClient
 
 from ... import cancel
 from ...errors import DeletionTimeoutError, ForbiddenError, OwnershipError, RejectedError, UserError
+from ...jobstatus import JobRef, Phase
 from ...spec import GROUP, LABEL_DIGEST, LABEL_RUN, LABEL_SCOPE, LABEL_TASK, PLURAL, VERSION
 from .. import owner
-from ..base import JobRef, Phase, Submission, check_ownership, trainjob_status
+from ..base import Submission, check_ownership, trainjob_status
 from ..owner import describe
 from .api import Conflict, NotFound, RetryPolicy, call
 from .discovery import version_mismatch
@@ -38,7 +39,7 @@ from .leftovers import JOBSET_LABEL, Leftover, leftovers_message
 from .watch import wait_gone
 
 log = logging.getLogger(__name__)
-CREATE_TIMEOUT = (10, 20)  # a create is deferred against stop signals: keep it short
+CREATE_TIMEOUT = (10, 20)  # a stop signal waits for the create's answer: keep it short
 # The Job controller can replace pods it saw go for a Job already deleted (its cache lags the
 # deletion): those orphans appear a moment after the last pod went, and the garbage collector
 # removes them. Once no pod is left, look again after this many seconds and wait for any such.
@@ -75,9 +76,11 @@ class Lifecycle:
         attempts = []
 
         def attempt(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            cancel.check()  # before each attempt: a cancel after an unanswered one is reclaimed by the caller
             attempts.append(1)
-            with cancel.deferred():  # the cancel then knows whether the job exists, and deletes it
-                return self.custom.create_namespaced_custom_object(*args, **kwargs)
+            created = self.custom.create_namespaced_custom_object(*args, **kwargs)  # a stop signal waits for the answer
+            cancel.check()  # then the caller finds the job by name and deletes it
+            return created
 
         name = manifest["metadata"]["name"]
         try:
@@ -92,6 +95,7 @@ class Lifecycle:
                 _request_timeout=CREATE_TIMEOUT,
                 what=f"create TrainJob {namespace}/{name}",
                 policy=self.policy,
+                sleep=cancel.sleep,
             )
         except Conflict as e:
             if len(attempts) > 1:  # an earlier attempt got no answer: it may have made the job
