@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
+from .. import cancel
 from ..jobstatus import JobRef, JobStatus, Phase
 from ..spec import GROUP, PLURAL, VERSION, ApiVersion, TrainJobInputs
 from .base import Backend, Blocker, LogSink, RuntimeInfo, Submission, trainjob_status
@@ -104,7 +105,9 @@ class KubernetesBackend(Backend):
     def resolve_runtime(self, inputs: TrainJobInputs) -> RuntimeInfo:
         """Fetch the referenced runtime; raise :class:`RuntimeNotFoundError` listing those that exist."""
         namespace = inputs.namespace or self.default_namespace()
+        cancel.check()  # each request here waits for its answer: a stop signal ends the preparation between them
         api_version = self.detect_api_version(namespace, runtime=(inputs.runtime_kind, inputs.runtime))
+        cancel.check()
         self.runtime = discovery.resolve_runtime(self.api, inputs, namespace=namespace, api_version=api_version, policy=self.policy)
         return self.runtime
 

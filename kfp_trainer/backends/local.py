@@ -219,71 +219,76 @@ class LocalBackend(Backend):
         self._set_status(directory, obj, conditions=[condition])
 
     def _supervise(self, ref: JobRef, obj: dict[str, Any], command: list[str], job: _Job) -> None:
-        directory, workspace = job.dir, job.dir / "workspace"
-        manifest = obj
+        """The job's thread: initializers, the nodes, their end recorded in the state file."""
         try:
-            for line in link_mounts(manifest, workspace):
-                with open(directory / "logs" / "node-0.log", "a") as out:
-                    out.write(f"{_now()} mounted {line}\n")
-            for kind in ("dataset", "model"):
-                uri = ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("storageUri")
-                if uri and not job.cancelled.is_set():
-                    with open(directory / "logs" / f"{kind}-initializer.log", "a") as out:
-                        out.write(f"{_now()} fetching {redact(uri)} into {WORKSPACE}/{kind}\n")
-                    fetch(uri, workspace / kind, kind=kind, env=initializer_env(manifest, kind))
-            runtime = self._runtime_doc(manifest)
-            torch = "torch" in ((runtime.get("spec") or {}).get("mlPolicy") or {})
-            nodes = int(
-                (manifest["spec"].get("trainer") or {}).get("numNodes")
-                or ((runtime.get("spec") or {}).get("mlPolicy") or {}).get("numNodes")
-                or 1
-            )
-            env = node_env(manifest, runtime, workspace, nodes)
-            tune_port = free_port() if local_torchtune.is_torchtune(runtime) else 0
-            for node in range(nodes):
-                if job.cancelled.is_set():
-                    return
-                argv, node_vars = command, ({**env, "PET_NODE_RANK": str(node)} if torch else env)
-                out = open(directory / "logs" / f"node-{node}.log", "ab")
-                if tune_port:  # the runtime's own tune command, completed as the Trainer controller does
-                    argv, node_vars = local_torchtune.node_command(manifest, runtime, workspace, node=node, master_port=tune_port)
-                    (directory / "logs" / f"node-{node}.command").write_text(shlex.join(argv) + "\n")  # not in the log: no metrics
-                job.procs[node] = subprocess.Popen(
-                    argv,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    cwd=workspace,
-                    env=node_vars,
-                    start_new_session=True,
-                )
-                out.close()
-            pids = [p.pid for p in job.procs.values()]
-            self._set_status(
-                directory,
-                obj,
-                pids=pids,
-                processes=[ProcessId.of(pid).to_json() for pid in pids],
-                jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}],
-            )
-            codes = self._wait(job)
-            if job.cancelled.is_set():
+            self._initialize(obj, job)
+            if not self._start_nodes(obj, command, job):
                 return
-            failed = {n: c for n, c in codes.items() if c != 0}
-            jobs_status = [{"name": "node", "active": 0, "ready": 0, "succeeded": len(codes) - len(failed), "failed": len(failed)}]
-            self._set_status(directory, obj, jobsStatus=jobs_status, exitCodes={str(n): c for n, c in codes.items()})
-            if failed:
-                first = min(failed)
-                self._finish(directory, obj, "Failed", "FailedJobs", f"node-{first} exited with code {failed[first]}")
-            else:
-                self._finish(directory, obj, "Complete", "AllJobsCompleted", "all nodes exited 0")
+            codes = self._wait(job)
+            if not job.cancelled.is_set():
+                self._record_end(job.dir, obj, codes)
         except UserError as e:
-            with open(directory / "logs" / "node-0.log", "a") as out:
+            with open(job.dir / "logs" / "node-0.log", "a") as out:
                 out.write(f"initializer failed: {e}\n")
-            self._finish(directory, obj, "Failed", "InitializerFailed", str(e))
+            self._finish(job.dir, obj, "Failed", "InitializerFailed", str(e))
         except Exception as e:  # report, never leave the job Pending forever
             log.exception("local TrainJob %s failed to run", ref)
-            self._finish(directory, obj, "Failed", "LocalBackendError", f"{type(e).__name__}: {e}")
+            self._finish(job.dir, obj, "Failed", "LocalBackendError", f"{type(e).__name__}: {e}")
+
+    def _initialize(self, manifest: dict[str, Any], job: _Job) -> None:
+        """Link the mounts and fetch the dataset and model into the workspace."""
+        directory, workspace = job.dir, job.dir / "workspace"
+        for line in link_mounts(manifest, workspace):
+            with open(directory / "logs" / "node-0.log", "a") as out:
+                out.write(f"{_now()} mounted {line}\n")
+        for kind in ("dataset", "model"):
+            uri = ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("storageUri")
+            if uri and not job.cancelled.is_set():
+                with open(directory / "logs" / f"{kind}-initializer.log", "a") as out:
+                    out.write(f"{_now()} fetching {redact(uri)} into {WORKSPACE}/{kind}\n")
+                fetch(uri, workspace / kind, kind=kind, env=initializer_env(manifest, kind))
+
+    def _start_nodes(self, obj: dict[str, Any], command: list[str], job: _Job) -> bool:
+        """Start every node, each in its own process group; False when cancelled first."""
+        directory, workspace = job.dir, job.dir / "workspace"
+        runtime = self._runtime_doc(obj)
+        policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
+        torch = "torch" in policy
+        nodes = int((obj["spec"].get("trainer") or {}).get("numNodes") or policy.get("numNodes") or 1)
+        env = node_env(obj, runtime, workspace, nodes)
+        tune_port = free_port() if local_torchtune.is_torchtune(runtime) else 0
+        for node in range(nodes):
+            if job.cancelled.is_set():
+                return False
+            argv, node_vars = command, ({**env, "PET_NODE_RANK": str(node)} if torch else env)
+            if tune_port:  # the runtime's own tune command, completed as the Trainer controller does
+                argv, node_vars = local_torchtune.node_command(obj, runtime, workspace, node=node, master_port=tune_port)
+                (directory / "logs" / f"node-{node}.command").write_text(shlex.join(argv) + "\n")  # not in the log: no metrics
+            with open(directory / "logs" / f"node-{node}.log", "ab") as out:
+                job.procs[node] = subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workspace, env=node_vars,
+                    start_new_session=True,
+                )  # fmt: skip
+        pids = [p.pid for p in job.procs.values()]
+        self._set_status(
+            directory,
+            obj,
+            pids=pids,
+            processes=[ProcessId.of(pid).to_json() for pid in pids],
+            jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}],
+        )
+        return True
+
+    def _record_end(self, directory: Path, obj: dict[str, Any], codes: dict[int, int]) -> None:
+        """Write the nodes' exit codes and the job's end (Complete, or Failed naming the first failed node)."""
+        failed = {n: c for n, c in codes.items() if c != 0}
+        jobs_status = [{"name": "node", "active": 0, "ready": 0, "succeeded": len(codes) - len(failed), "failed": len(failed)}]
+        self._set_status(directory, obj, jobsStatus=jobs_status, exitCodes={str(n): c for n, c in codes.items()})
+        if failed:
+            first = min(failed)
+            self._finish(directory, obj, "Failed", "FailedJobs", f"node-{first} exited with code {failed[first]}")
+        else:
+            self._finish(directory, obj, "Complete", "AllJobsCompleted", "all nodes exited 0")
 
     def _wait(self, job: _Job) -> dict[int, int]:
         """Wait for every node; when one fails, stop the others (as JobSet's failure policy does)."""

@@ -27,6 +27,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import urllib3
@@ -162,49 +163,26 @@ def watch(
             instead of two); the ``LIST`` event comes once the current objects are in.
     """
     handle = handle or Handle()
-    version = resource_version
+    at = _Position(resource_version)
     failures = 0
     delays = policy.delays()
     while not handle.closed:
         try:
-            initial: list[dict[str, Any]] | None = None  # the current objects of a streaming list, until its end
-            if version is None:
-                if not initial_events or api in _LISTS_ONLY:
-                    items, version = list_objects(api, path, selectors, policy=policy)
-                    yield "LIST", {"items": items}
-                    continue
-                initial = []
-                try:
-                    response = open_stream(api, path, [*selectors, *INITIAL_EVENTS], "", timeout_seconds)
-                except TRANSIENT as e:
-                    if not isinstance(translate(e, f"watch {path}"), RejectedError):
-                        raise
-                    log.info("watch %s: the server refused a streaming list; listing", path)
-                    _LISTS_ONLY.add(api)
-                    continue
-            else:
-                response = open_stream(api, path, selectors, version, timeout_seconds)
+            if at.version is None and (not initial_events or api in _LISTS_ONLY):
+                items, at.version = list_objects(api, path, selectors, policy=policy)
+                yield "LIST", {"items": items}
+                continue
+            response = _open(api, path, selectors, at, timeout_seconds)
+            if response is None:  # the server refused a streaming list: a list request next
+                continue
             failures = 0  # the server answered: whatever came before was not a lasting failure
             handle.attach(response)
-            for kind, obj in decode(response):
-                if kind == "ERROR":
-                    _raise_error_event(path, obj)
-                if initial is not None:  # the objects' own versions are no point to resume from
-                    if kind == "ADDED":
-                        initial.append(obj)
-                    elif kind == "BOOKMARK" and ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
-                        version = _version(obj, "") or None
-                        yield "LIST", {"items": initial}
-                        initial = None
-                    continue
-                version = _version(obj, version)
-                if kind != "BOOKMARK":
-                    yield kind, obj
+            yield from _stream(path, response, at)
             if not handle.closed:
                 yield None
         except Gone as e:
             log.info("watch %s: %s; relisting", path, e)
-            version = None
+            at.version = None
         except KfpTrainerError:  # mapped already (e.g. 403 on the list): not a dropped stream
             raise
         except STREAM_ERRORS as e:
@@ -215,11 +193,53 @@ def watch(
             error = translate(e, f"watch {path}")
             if isinstance(error, Gone):
                 log.info("watch %s: %s; relisting", path, error)
-                version = None
+                at.version = None
                 continue
             if not isinstance(error, InfraError):
                 raise error from e
             failures = _backoff(path, e, failures, delays, sleep)
+
+
+@dataclass
+class _Position:
+    """Where a watch stands: the version to resume from, and a streaming list's objects until its end."""
+
+    version: str | None
+    initial: list[dict[str, Any]] | None = None
+
+
+def _open(api: ApiClient, path: str, selectors: list[tuple[str, str]], at: _Position, timeout_seconds: int) -> Any:
+    """Open the next stream: from ``at.version``, or a streaming list; None when the server refuses the latter."""
+    if at.version is not None:
+        at.initial = None
+        return open_stream(api, path, selectors, at.version, timeout_seconds)
+    at.initial = []
+    try:
+        return open_stream(api, path, [*selectors, *INITIAL_EVENTS], "", timeout_seconds)
+    except TRANSIENT as e:
+        if not isinstance(translate(e, f"watch {path}"), RejectedError):
+            raise
+        log.info("watch %s: the server refused a streaming list; listing", path)
+        _LISTS_ONLY.add(api)
+        return None
+
+
+def _stream(path: str, response: Any, at: _Position) -> Iterator[Event]:
+    """The events of one open stream, ``at`` kept current; a streaming list becomes one ``LIST``."""
+    for kind, obj in decode(response):
+        if kind == "ERROR":
+            _raise_error_event(path, obj)
+        if at.initial is not None:  # the objects' own versions are no point to resume from
+            if kind == "ADDED":
+                at.initial.append(obj)
+            elif kind == "BOOKMARK" and ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                at.version = _version(obj, "") or None
+                items, at.initial = at.initial, None
+                yield "LIST", {"items": items}
+            continue
+        at.version = _version(obj, at.version or "")
+        if kind != "BOOKMARK":
+            yield kind, obj
 
 
 def _backoff(path: str, error: BaseException, failures: int, delays: list[float], sleep: Callable[[float], None]) -> int:
