@@ -12,9 +12,10 @@ The launcher is the same for every backend. It owns the policies a pipeline step
 * "cannot start" detection: a blocker the backend reports (``TrainJobResourcesCreationFailed``,
   an unschedulable pod, an image that cannot be pulled) that lasts longer than its grace;
 * SIGTERM/SIGINT (a KFP cancel), from the first instruction on, ends with the TrainJob
-  deleted or never created: a signal during the create request waits for its answer, then
-  deletes what it made; a second signal cannot abort a deletion (:mod:`kfp_trainer.cancel`);
-  it exits with :class:`~kfp_trainer.errors.CancelledError`;
+  deleted or never created: the signal is recorded and acted on where the launcher waits (each
+  status or heartbeat, before and after the create request), so a signal during the create
+  waits for its answer, then deletes what it made, and nothing interrupts a deletion
+  (:mod:`kfp_trainer.cancel`); it exits with :class:`~kfp_trainer.errors.CancelledError`;
 * deleting waits, bounded, until the job's JobSet, Jobs and pods are gone, and says what is
   left and how to remove it;
 * the trainer's log streamed to stdout in a thread, each line fed to the metric parser;
@@ -39,16 +40,16 @@ from typing import Any, TextIO
 
 from . import cancel, naming, spec
 from .backends import owner
-from .backends.base import Backend, Blocker, LogLine, Submission
+from .backends.base import Backend, Blocker, Submission
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
 from .jobstatus import JobRef, JobStatus, Phase
 from .metrics import MetricSeries, from_trainer_status
+from .relay import Printer
 from .spec import TrainJobInputs
 from .timing import PhaseTimes, duration
 from .trainer_status import ProgressLog
 
 log = logging.getLogger(__name__)
-FLUSH_DELAY = 0.02  # seconds a relayed line may wait in the buffer for others to join it
 
 
 @dataclass(frozen=True)
@@ -92,61 +93,6 @@ class Outcome:
     def succeeded(self) -> bool:
         """True when the TrainJob completed."""
         return self.phase is Phase.SUCCEEDED
-
-
-class _Printer:
-    """Thread-safe sink: prints trainer lines (prefixed when several nodes) and parses metrics.
-
-    Lines are written at once and flushed by a thread of their own at most ``FLUSH_DELAY``
-    seconds later: one write to the pipe per burst, not per line, while a long log is
-    relayed; ``close()`` flushes the rest at once.
-    """
-
-    def __init__(self, out: TextIO, metrics: MetricSeries, prefix: bool, on_first: Callable[[], None]) -> None:
-        self.out = out
-        self.metrics = metrics
-        self.prefix = prefix
-        self.on_first = on_first
-        self.count = 0
-        self.lock = threading.Lock()
-        self._unflushed = threading.Event()
-        self._closed = False
-        self._flusher: threading.Thread | None = None
-
-    def __call__(self, line: LogLine) -> None:
-        with self.lock:
-            if self.count == 0:
-                self.on_first()
-                self._flusher = threading.Thread(target=self._flush_soon, name="trainer-logs-flush", daemon=True)
-                self._flusher.start()
-            self.count += 1
-            self.out.write(f"[{line.source}] {line.text}\n" if self.prefix else line.text + "\n")
-            if self._closed:  # a follower still draining after close(): no flushing thread any more
-                self.out.flush()
-            self.metrics.feed(line.text)
-        if not self._unflushed.is_set():  # checked after the write: a flush that clears it comes later
-            self._unflushed.set()
-
-    def _flush_soon(self) -> None:
-        while True:
-            self._unflushed.wait()
-            if self._closed:
-                return
-            time.sleep(FLUSH_DELAY)  # let a burst gather: one flush for all of it
-            self._unflushed.clear()
-            with self.lock:
-                if self._closed:  # close() flushed
-                    return
-                self.out.flush()
-
-    def close(self) -> None:
-        """Flush what was printed and stop the flushing thread."""
-        with self.lock:
-            self._closed = True
-            self.out.flush()
-        self._unflushed.set()
-        if self._flusher is not None:
-            self._flusher.join(1.0)
 
 
 @dataclass
@@ -308,7 +254,7 @@ class Launcher:
         if follow.remote:
             self.say(f"{spec.MULTIKUEUE} runs this TrainJob on a worker cluster: its status is mirrored here, its pods and logs are there")
         stop = threading.Event()
-        printer = _Printer(self.out, outcome.metrics, self.options.logs == "all", lambda: self._mark_started(outcome, follow))
+        printer = Printer(self.out, outcome.metrics, self.options.logs == "all", lambda: self._mark_started(outcome, follow))
         statuses = self.backend.watch(outcome.ref)
         logs_thread: threading.Thread | None = None
         failing = True
@@ -335,7 +281,7 @@ class Launcher:
             follow.started_at.append(self.clock())
             outcome.timeline.append((time.time(), "trainer started"))
 
-    def _start_logs(self, ref: JobRef, follow: _Follow, printer: _Printer, stop: threading.Event) -> threading.Thread | None:
+    def _start_logs(self, ref: JobRef, follow: _Follow, printer: Printer, stop: threading.Event) -> threading.Thread | None:
         if self.options.logs == "none" or follow.remote:
             return None
         thread = threading.Thread(

@@ -50,6 +50,7 @@ from ..errors import RuntimeNotFoundError, UserError
 from ..jobstatus import JobRef, JobStatus, Phase
 from ..spec import TrainJobInputs
 from ..storage import fetch, redact
+from ..timestamps import rfc3339
 from . import local_torchtune
 from .base import Backend, Blocker, LogLine, LogSink, RuntimeInfo, Submission, check_ownership, trainjob_status
 from .local_runtime import (
@@ -89,10 +90,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class _Job:
@@ -185,7 +182,7 @@ class LocalBackend(Backend):
         uid = f"local-{os.getpid()}-{time.time_ns()}"
         obj = {
             **manifest,
-            "metadata": {**manifest["metadata"], "namespace": namespace, "uid": uid, "creationTimestamp": _now()},
+            "metadata": {**manifest["metadata"], "namespace": namespace, "uid": uid, "creationTimestamp": rfc3339()},
             "status": {"conditions": [], "jobsStatus": [], "supervisor": ProcessId.of(os.getpid()).to_json()},
         }
         _write_json(directory / "trainjob.json", obj)
@@ -215,7 +212,7 @@ class LocalBackend(Backend):
             job.changed.set()
 
     def _finish(self, directory: Path, obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
-        condition = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": _now()}
+        condition = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": rfc3339()}
         self._set_status(directory, obj, conditions=[condition])
 
     def _supervise(self, ref: JobRef, obj: dict[str, Any], command: list[str], job: _Job) -> None:
@@ -240,12 +237,12 @@ class LocalBackend(Backend):
         directory, workspace = job.dir, job.dir / "workspace"
         for line in link_mounts(manifest, workspace):
             with open(directory / "logs" / "node-0.log", "a") as out:
-                out.write(f"{_now()} mounted {line}\n")
+                out.write(f"{rfc3339()} mounted {line}\n")
         for kind in ("dataset", "model"):
             uri = ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("storageUri")
             if uri and not job.cancelled.is_set():
                 with open(directory / "logs" / f"{kind}-initializer.log", "a") as out:
-                    out.write(f"{_now()} fetching {redact(uri)} into {WORKSPACE}/{kind}\n")
+                    out.write(f"{rfc3339()} fetching {redact(uri)} into {WORKSPACE}/{kind}\n")
                 fetch(uri, workspace / kind, kind=kind, env=initializer_env(manifest, kind))
 
     def _start_nodes(self, obj: dict[str, Any], command: list[str], job: _Job) -> bool:

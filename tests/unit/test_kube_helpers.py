@@ -10,9 +10,10 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_trainer.backends.base import trainjob_status
 from kfp_trainer.backends.kube.api import Conflict, Gone, NotFound, RetryPolicy, call
-from kfp_trainer.backends.kube.logs import _Cursor, parse_timestamp
+from kfp_trainer.backends.kube.logs import _Cursor
 from kfp_trainer.errors import ForbiddenError, InfraError, KfpTrainerError, RejectedError
 from kfp_trainer.jobstatus import Phase
+from kfp_trainer.timestamps import parse_timestamp
 
 
 def api_error(status: int, message: str = "boom", causes=None) -> ApiException:
