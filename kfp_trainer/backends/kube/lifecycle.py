@@ -291,11 +291,11 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ delete
     def _delete_for_replace(self, ref: JobRef, *, tree: bool) -> None:
-        left = self.delete(ref, wait=self.replace_timeout, tree=tree)
+        left = self.delete(ref, wait=self.replace_timeout, tree=tree, cancellable=True)  # a cancel ends the wait: nothing new is made
         self._refuse_to_create_over(ref, left)
 
     def _wait_gone_for_replace(self, ref: JobRef, *, tree: bool) -> None:
-        left = self._wait_tree(ref, time.monotonic() + self.replace_timeout, tree=tree)
+        left = self._wait_tree(ref, time.monotonic() + self.replace_timeout, tree=tree, cancellable=True)
         self._refuse_to_create_over(ref, left)
 
     def _refuse_to_create_over(self, ref: JobRef, left: list[Leftover]) -> None:
@@ -308,13 +308,14 @@ class Lifecycle:
                 + "\nRetry the step once it is gone."
             )
 
-    def delete(self, ref: JobRef, *, wait: float = 30.0, tree: bool = True) -> list[Leftover]:
+    def delete(self, ref: JobRef, *, wait: float = 30.0, tree: bool = True, cancellable: bool = False) -> list[Leftover]:
         """Delete the TrainJob (background propagation); wait, bounded, until it and what it owns are gone.
 
         Args:
             ref: The job; with a uid, a newer object of the same name is never deleted.
             wait: Seconds to wait in all.
             tree: Also wait for its JobSet, Jobs and pods (else only the TrainJob).
+            cancellable: A stop signal ends the wait (to replace a job, not to clean up after a cancel).
 
         Returns:
             What is still there when waiting ended (empty when everything is gone).
@@ -337,9 +338,9 @@ class Lifecycle:
             pass
         except Conflict:  # the precondition failed: another object has the name now, ours is gone
             return []
-        return self._wait_tree(ref, deadline, tree=tree)
+        return self._wait_tree(ref, deadline, tree=tree, cancellable=cancellable)
 
-    def _wait_tree(self, ref: JobRef, deadline: float, *, tree: bool) -> list[Leftover]:
+    def _wait_tree(self, ref: JobRef, deadline: float, *, tree: bool, cancellable: bool = False) -> list[Leftover]:
         ns, name = ref.namespace, ref.name
         stages: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("TrainJob", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}", [("fieldSelector", f"metadata.name={name}")]),
@@ -355,10 +356,14 @@ class Lifecycle:
         for kind, path, selectors in stages:
             keep = (lambda o: not ref.uid or o["metadata"].get("uid") == ref.uid) if kind == "TrainJob" else (lambda o: True)
             try:
-                still = wait_gone(self.api, path, selectors, timeout=max(0.0, deadline - time.monotonic()), keep=keep)
+                def gone() -> list[dict[str, Any]]:
+                    left = max(0.0, deadline - time.monotonic())
+                    return wait_gone(self.api, path, selectors, timeout=left, keep=keep, cancellable=cancellable)  # noqa: B023
+
+                still = gone()
                 if kind == "Pod" and not still and deadline > time.monotonic():
                     time.sleep(min(POD_SETTLE, deadline - time.monotonic()))
-                    still = wait_gone(self.api, path, selectors, timeout=max(0.0, deadline - time.monotonic()), keep=keep)
+                    still = gone()
             except ForbiddenError as e:  # not allowed to look: cannot tell, say nothing wrong
                 log.info("cannot check the %ss of TrainJob %s: %s", kind, ref, e)
                 continue

@@ -20,6 +20,8 @@ Small layers, each with one job:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import math
@@ -33,6 +35,7 @@ from typing import Any
 import urllib3
 from kubernetes.client import ApiClient
 
+from ... import cancel
 from ...errors import InfraError, KfpTrainerError, RejectedError, UserError
 from .api import TRANSIENT, Gone, NotFound, RetryPolicy, call, request, translate
 
@@ -264,6 +267,7 @@ def wait_gone(
     keep: Callable[[dict[str, Any]], bool] = lambda obj: True,
     policy: RetryPolicy = RetryPolicy(attempts=3),
     clock: Callable[[], float] = time.monotonic,
+    cancellable: bool = False,
 ) -> list[dict[str, Any]]:
     """Wait (at most ``timeout`` seconds, with one watch) until no object at ``path`` matches.
 
@@ -275,17 +279,22 @@ def wait_gone(
         keep: Which of the listed objects to wait for (e.g. the one with a given uid).
         policy: Retries of the list.
         clock: Injected for tests.
+        cancellable: A stop signal ends the wait at once (:class:`CancelledError`); a
+            deletion's own wait is not, it runs to its end.
 
     Returns:
         The objects still there when the time ran out (empty when all are gone).
 
     Raises:
         KfpTrainerError: The list itself failed (e.g. ForbiddenError).
+        CancelledError: ``cancellable``, and a stop signal came.
     """
     deadline = clock() + timeout
     present: dict[str, dict[str, Any]] = {}
     version: str | None = None
     while True:
+        if cancellable:
+            cancel.check()
         try:
             if version is None:
                 try:
@@ -298,16 +307,18 @@ def wait_gone(
             left = deadline - clock()
             if left <= 0:
                 return list(present.values())
-            for kind, obj in decode(open_stream(api, path, selectors, version, math.ceil(left))):
-                if kind == "ERROR":
-                    _raise_error_event(path, obj)
-                version = _version(obj, version)
-                if kind == "DELETED":
-                    present.pop(_key(obj), None)
-                elif kind in ("ADDED", "MODIFIED") and keep(obj):
-                    present[_key(obj)] = obj
-                if not present:
-                    return []
+            response = open_stream(api, path, selectors, version, math.ceil(left))
+            with cancel.closing(functools.partial(shutdown, response)) if cancellable else contextlib.nullcontext():
+                for kind, obj in decode(response):
+                    if kind == "ERROR":
+                        _raise_error_event(path, obj)
+                    version = _version(obj, version)
+                    if kind == "DELETED":
+                        present.pop(_key(obj), None)
+                    elif kind in ("ADDED", "MODIFIED") and keep(obj):
+                        present[_key(obj)] = obj
+                    if not present:
+                        return []
         except Gone:
             version = None
         except UserError:
