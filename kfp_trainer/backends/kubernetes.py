@@ -70,7 +70,9 @@ class KubernetesBackend(Backend):
         self.heartbeat = heartbeat
         self.log_read_timeout = log_read_timeout
         self.lifecycle = Lifecycle(api, policy=policy, replace_timeout=replace_timeout)
-        self.runtime: RuntimeInfo | None = None
+        self.runtime: RuntimeInfo | None = None  # resolved last; each submitted job keeps its own
+        # Per job, by (namespace, name): one backend can follow several jobs at once.
+        self._runtimes: dict[tuple[str, str], RuntimeInfo] = {}
         self._trackers: dict[tuple[str, str], inspect.JobTracker] = {}
 
     @classmethod
@@ -115,6 +117,8 @@ class KubernetesBackend(Backend):
     def submit(self, manifest: dict[str, Any]) -> Submission:
         """Create the TrainJob, adopt this task's earlier one, or replace a failed or stale one."""
         namespace = manifest["metadata"].get("namespace") or self.default_namespace()
+        if self.runtime is not None:  # the runtime this manifest was rendered for
+            self._runtimes[(namespace, manifest["metadata"]["name"])] = self.runtime
         return self.lifecycle.submit(manifest, namespace)
 
     def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
@@ -137,7 +141,8 @@ class KubernetesBackend(Backend):
         return leftovers_message(ref, left, wait) if left else ""
 
     def release(self, ref: JobRef) -> None:
-        """Stop the watches kept for ``ref`` (pods, events)."""
+        """Stop the watches kept for ``ref`` (pods, events) and forget what was kept for it."""
+        self._runtimes.pop((ref.namespace, ref.name), None)
         tracker = self._trackers.pop((ref.namespace, ref.name), None)
         if tracker is not None:
             tracker.close()
@@ -149,10 +154,15 @@ class KubernetesBackend(Backend):
             self._trackers[key] = inspect.JobTracker(self.api, ref, created=created, policy=self.policy, timeout_seconds=self.watch_timeout)
         return self._trackers[key]
 
+    def _runtime(self, ref: JobRef) -> RuntimeInfo | None:
+        """The runtime ``ref`` was submitted with (else the one resolved last)."""
+        return self._runtimes.get((ref.namespace, ref.name)) or self.runtime
+
     # ------------------------------------------------------------------ following
     def watch(self, ref: JobRef, *, resource_version: str | None = None) -> Iterator[JobStatus | None]:
         """Status changes of one TrainJob (one watch, resumed from resourceVersion); ``None`` = heartbeat."""
-        trainer_job = self.runtime.trainer_job if self.runtime else "node"
+        runtime = self._runtime(ref)
+        trainer_job = runtime.trainer_job if runtime else "node"
         known = self.lifecycle.seen.get((ref.namespace, ref.name)) if resource_version is None else None
         if known is not None and ref.uid and known["metadata"].get("uid") != ref.uid:
             known = None
@@ -210,8 +220,9 @@ class KubernetesBackend(Backend):
 
     def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
         """Stream node ``nodes`` ("0", "3", or "all") of the trainer to ``sink`` until done or stopped."""
-        replicated_job = self.runtime.trainer_job if self.runtime else "node"
-        count = self.runtime.nodes if self.runtime and replicated_job == "node" else 1
+        runtime = self._runtime(ref)
+        replicated_job = runtime.trainer_job if runtime else "node"
+        count = runtime.nodes if runtime and replicated_job == "node" else 1
         indices = list(range(count)) if nodes == "all" else [int(nodes)]
         pods = self._tracker(ref).pods()
         followers = [
