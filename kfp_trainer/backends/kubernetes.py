@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes.client import ApiClient
 
 from .. import cancel
+from ..errors import KfpTrainerError
 from ..jobstatus import JobRef, JobStatus, Phase
 from ..spec import GROUP, PLURAL, VERSION, ApiVersion, TrainJobInputs
 from .base import Backend, Blocker, LogSink, RuntimeInfo, Submission, trainjob_status
@@ -88,7 +89,12 @@ class KubernetesBackend(Backend):
             from .kube.connect import connect, kubeconfig_namespace
 
             kwargs.setdefault("namespace", kubeconfig_namespace(kubeconfig))
-            return cls(connect(kubeconfig), **kwargs)
+            try:
+                api = connect(kubeconfig)  # bounded (a connect timeout); a stop signal waits for it
+            except KfpTrainerError:
+                cancel.check()  # a stop signal while connecting is a cancel, not an unreachable cluster
+                raise
+            return cls(api, **kwargs)
         return cls(load_api_client(kubeconfig), **kwargs)
 
     # ------------------------------------------------------------------ discovery
