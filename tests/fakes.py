@@ -14,9 +14,24 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
+
 from kfp_trainer import cancel
 from kfp_trainer.backends.base import Backend, Blocker, LogLine, LogSink, RuntimeInfo, Submission
 from kfp_trainer.jobstatus import JobRef, JobStatus
+
+
+@pytest.fixture(autouse=True)
+def fresh_stop_signals() -> Iterator[None]:
+    """Each test starts as a new process does: no stop-signal handlers of ours, nothing recorded.
+
+    A step's entry point leaves its handlers installed (the process ends after it), so an
+    earlier test that ran one would otherwise hand its record to the next. Import it into a
+    test module to use it there.
+    """
+    cancel.uninstall()
+    yield
+    cancel.uninstall()
 
 
 class FakeClock:

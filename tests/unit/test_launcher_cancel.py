@@ -15,7 +15,7 @@ from kfp_trainer.errors import EXIT_CANCELLED, CancelledError
 from kfp_trainer.jobstatus import JobStatus, Phase
 from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.spec import TrainJobInputs
-from tests.fakes import FakeBackend
+from tests.fakes import FakeBackend, fresh_stop_signals  # noqa: F401  (a fixture)
 
 INPUTS = TrainJobInputs(run_id="run-1", task_name="train", namespace="ns")
 LEFT = "after deleting TrainJob ns/x, still present after 30s: Pod x-node-0-0-abcde (terminating)"

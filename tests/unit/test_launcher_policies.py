@@ -17,7 +17,7 @@ from kfp_trainer.errors import CancelledError, CannotStartError, JobFailedError,
 from kfp_trainer.jobstatus import JobStatus, Phase
 from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.spec import TrainJobInputs
-from tests.fakes import FakeBackend, FakeClock
+from tests.fakes import FakeBackend, FakeClock, fresh_stop_signals  # noqa: F401  (a fixture)
 
 INPUTS = TrainJobInputs(run_id="run-1", task_name="train", namespace="ns")
 
