@@ -164,3 +164,15 @@ def test_outside_the_main_thread_signals_are_left_alone():
     thread.start()
     thread.join()
     assert seen == [(False, False)] and signal.getsignal(signal.SIGTERM) == before
+
+
+def test_sigint_twice_while_following_deletes_the_job_once_and_says_sigint():
+    def two_sigints():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # the second changes nothing
+
+    fake = backend([JobStatus(Phase.RUNNING)], watch=two_sigints)
+    launcher = Launcher(fake, LaunchOptions(logs="none"), out=io.StringIO())
+    with pytest.raises(CancelledError, match="received SIGINT: the run was cancelled"):
+        launcher.run(INPUTS)
+    assert len(fake.deleted) == 1 and fake.delete_finished
