@@ -31,7 +31,7 @@ import yaml
 
 from .cli_inputs import add_input_flags, inputs_from_args, seconds
 from .cli_run import task_outputs
-from .errors import CancelledError, KfpTrainerError
+from .errors import KfpTrainerError
 
 __all__ = ["build_parser", "main", "task_outputs"]
 
@@ -192,12 +192,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         ns = parser.parse_args(args)
         logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-        return int(ns.func(ns) or 0)
-    except KfpTrainerError as e:
-        if isinstance(e, CancelledError):
+        code = int(ns.func(ns) or 0)
+        if args[:1] == ["launch"]:  # a stop signal while it finished still ends it cancelled
             from . import cancel
 
-            cancel.acknowledge()  # the process ends with it: no need to send it again
+            cancel.check()
+        return code
+    except KfpTrainerError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
 

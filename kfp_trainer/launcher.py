@@ -12,9 +12,10 @@ The launcher is the same for every backend. It owns the policies a pipeline step
 * "cannot start" detection: a blocker the backend reports (``TrainJobResourcesCreationFailed``,
   an unschedulable pod, an image that cannot be pulled) that lasts longer than its grace;
 * SIGTERM/SIGINT (a KFP cancel), from the first instruction on, ends with the TrainJob
-  deleted or never created: a signal during the create request waits for its answer, then
-  deletes what it made; a second signal cannot abort a deletion (:mod:`kfp_trainer.cancel`);
-  it exits with :class:`~kfp_trainer.errors.CancelledError`;
+  deleted or never created: the signal is recorded and acted on where the launcher waits (each
+  status or heartbeat, before and after the create request), so a signal during the create
+  waits for its answer, then deletes what it made, and nothing interrupts a deletion
+  (:mod:`kfp_trainer.cancel`); it exits with :class:`~kfp_trainer.errors.CancelledError`;
 * deleting waits, bounded, until the job's JobSet, Jobs and pods are gone, and says what is
   left and how to remove it;
 * the trainer's log streamed to stdout in a thread, each line fed to the metric parser;
@@ -33,21 +34,22 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from . import cancel, spec
-from .backends.base import Backend, Blocker, JobRef, JobStatus, LogLine, Phase, Submission
+from .backends.base import Backend, Blocker, RuntimeInfo, Submission
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
+from .jobstatus import JobRef, JobStatus, Phase
 from .metrics import MetricSeries, from_trainer_status
 from .prepare import PreparedJob, prepare
+from .relay import Printer
 from .spec import TrainJobInputs
 from .timing import PREEMPTED, PhaseTimes, duration
 from .trainer_status import ProgressLog
 
 log = logging.getLogger(__name__)
-FLUSH_DELAY = 0.02  # seconds a relayed line may wait in the buffer for others to join it
 
 
 @dataclass(frozen=True)
@@ -94,59 +96,37 @@ class Outcome:
         return self.phase is Phase.SUCCEEDED
 
 
-class _Printer:
-    """Thread-safe sink: prints trainer lines (prefixed when several nodes) and parses metrics.
+@dataclass
+class _Follow:
+    """What following one job keeps track of between two statuses."""
 
-    Lines are written at once and flushed by a thread of their own at most ``FLUSH_DELAY``
-    seconds later: one write to the pipe per burst, not per line, while a long log is
-    relayed; ``close()`` flushes the rest at once.
-    """
+    begin: float
+    queue: str  # the Kueue LocalQueue, or ""
+    remote: bool  # MultiKueue: pods and logs are on a worker cluster
+    times: PhaseTimes
+    progress: ProgressLog = field(default_factory=ProgressLog)
+    started_at: list[float] = field(default_factory=list)  # when the trainer was first seen running (once)
+    blockers: dict[str, float] = field(default_factory=dict)  # reason -> first seen
+    last_check: float = 0.0  # of the blockers: a job that starts within the interval costs no blocker watches
+    last_phase: Phase | None = None
 
-    def __init__(self, out: TextIO, metrics: MetricSeries, prefix: bool, on_first: Callable[[], None]) -> None:
-        self.out = out
-        self.metrics = metrics
-        self.prefix = prefix
-        self.on_first = on_first
-        self.count = 0
-        self.lock = threading.Lock()
-        self._unflushed = threading.Event()
-        self._closed = False
-        self._flusher: threading.Thread | None = None
+    @classmethod
+    def of(cls, outcome: Outcome, now: float) -> _Follow:
+        """The state at the start of following ``outcome``'s job."""
+        manifest = outcome.manifest
+        return cls(
+            begin=now,
+            queue=str(spec.dig(manifest, "metadata", "labels", spec.QUEUE_LABEL) or ""),
+            remote=spec.dig(manifest, "spec", "managedBy") == spec.MULTIKUEUE,
+            times=PhaseTimes.at(now),
+            last_check=now,
+        )
 
-    def __call__(self, line: LogLine) -> None:
-        with self.lock:
-            if self.count == 0:
-                self.on_first()
-                self._flusher = threading.Thread(target=self._flush_soon, name="trainer-logs-flush", daemon=True)
-                self._flusher.start()
-            self.count += 1
-            self.out.write(f"[{line.source}] {line.text}\n" if self.prefix else line.text + "\n")
-            if self._closed:  # a follower still draining after close(): no flushing thread any more
-                self.out.flush()
-            self.metrics.feed(line.text)
-        if not self._unflushed.is_set():  # checked after the write: a flush that clears it comes later
-            self._unflushed.set()
 
-    def _flush_soon(self) -> None:
-        while True:
-            self._unflushed.wait()
-            if self._closed:
-                return
-            time.sleep(FLUSH_DELAY)  # let a burst gather: one flush for all of it
-            self._unflushed.clear()
-            with self.lock:
-                if self._closed:  # close() flushed
-                    return
-                self.out.flush()
-
-    def close(self) -> None:
-        """Flush what was printed and stop the flushing thread."""
-        with self.lock:
-            self._closed = True
-            self.out.flush()
-        self._unflushed.set()
-        if self._flusher is not None:
-            self._flusher.join(1.0)
+def _close(statuses: Iterator[JobStatus | None]) -> None:
+    close = getattr(statuses, "close", None)  # a generator's; a plain iterator has none
+    if close is not None:
+        close()
 
 
 class Launcher:
@@ -188,14 +168,13 @@ class Launcher:
             CancelledError: SIGTERM/SIGINT; the job was deleted (or never created).
             InfraError: The cluster stayed unreachable; the job was left to a retry.
         """
-        with cancel.handling(), cancel.cancellable():
+        with cancel.handling():
             job = job if isinstance(job, PreparedJob) else self.prepare(job)
             manifest, api_version, runtime = job.manifest, job.api_version, job.runtime_name
-            submission: Submission | None = None
+            cancel.check()  # a stop signal while preparing: nothing was created
+            submission = self._submit(manifest, job.runtime)
             try:
-                # Stored the moment submit returns (no signal is handled in between): a cancel from
-                # then on is caught below with the job known; one inside submit is reclaimed there.
-                submission = self._submit(manifest)
+                cancel.check()  # a stop signal while submit returned: the job is known, and deleted below
                 outcome = Outcome(
                     ref=submission.ref,
                     manifest=manifest,
@@ -208,38 +187,28 @@ class Launcher:
                 self._announce(submission, outcome)
                 self._follow(outcome)
             except (CancelledError, TimeLimitError, CannotStartError) as e:
-                if isinstance(e, CancelledError):
-                    cancel.acknowledge()  # handled here: the watchdog stops sending it again
-                if submission is not None:
-                    self.say(f"{type(e).__name__}: deleting TrainJob {submission.ref}")
-                    self._delete(submission.ref)
+                self.say(f"{type(e).__name__}: deleting TrainJob {submission.ref}")
+                self._delete(submission.ref)
                 raise
             except InfraError:
-                if submission is not None:
-                    self.say(f"lost the API server; TrainJob {submission.ref} is left running for a retry to adopt")
+                self.say(f"lost the API server; TrainJob {submission.ref} is left running for a retry to adopt")
                 raise
             finally:
-                release = getattr(self.backend, "release", None)
-                if release is not None and submission is not None:
-                    release(submission.ref)
+                self.backend.release(submission.ref)
             if self.options.delete_after_success:
                 self._delete(outcome.ref)
         return outcome
 
-    def _submit(self, manifest: dict[str, Any]) -> Submission:
+    def _submit(self, manifest: dict[str, Any], runtime: RuntimeInfo) -> Submission:
         try:
-            return self.backend.submit(manifest)
+            return self.backend.submit(manifest, runtime=runtime)
         except CancelledError:
-            cancel.acknowledge()
             # The create request may have reached the server: find the job by name and lineage, delete it.
-            reclaim = getattr(self.backend, "reclaim", None)
-            if reclaim is not None:
-                with cancel.shielded():
-                    try:
-                        done = reclaim(manifest, wait=self.options.delete_timeout)
-                    except Exception as e:  # report, but do not hide the cancel
-                        done = f"could not check whether TrainJob {manifest['metadata']['name']} was created: {e}"
-                    self.say(f"cancelled while submitting; {done or 'no TrainJob was created'}")
+            try:
+                done = self.backend.reclaim(manifest, wait=self.options.delete_timeout)
+            except Exception as e:  # report, but do not hide the cancel
+                done = f"could not check whether TrainJob {manifest['metadata']['name']} was created: {e}"
+            self.say(f"cancelled while submitting; {done or 'no TrainJob was created'}")
             raise
 
     def _announce(self, submission: Submission, outcome: Outcome) -> None:
@@ -254,101 +223,115 @@ class Launcher:
             self.on_submitted(submission.ref)
 
     def _delete(self, ref: JobRef) -> None:
-        # Deleting must finish even if a second SIGTERM arrives (it is raised afterwards).
-        with cancel.shielded():
-            try:
-                left = self.backend.delete(ref, wait=self.options.delete_timeout)
-            except Exception as e:  # report, but do not hide the original error
-                self.say(f"could not delete TrainJob {ref}: {e}")
-                return
-            if left:
-                self.say(str(left))
+        # Nothing on a deletion's way looks for stop signals: a second SIGTERM cannot abort it.
+        try:
+            left = self.backend.delete(ref, wait=self.options.delete_timeout)
+        except Exception as e:  # report, but do not hide the original error
+            self.say(f"could not delete TrainJob {ref}: {e}")
+            return
+        if left:
+            self.say(str(left))
 
     def _follow(self, outcome: Outcome) -> None:
-        options = self.options
-        begin = self.clock()
-        times, progress = PhaseTimes.at(begin), ProgressLog()
-        queue = str(spec.dig(outcome.manifest, "metadata", "labels", spec.QUEUE_LABEL) or "")
-        remote = spec.dig(outcome.manifest, "spec", "managedBy") == spec.MULTIKUEUE  # pods and logs are on a worker cluster
-        started_at: list[float] = []
-
-        def mark_started() -> None:
-            if not started_at:
-                started_at.append(self.clock())
-                outcome.timeline.append((time.time(), "trainer started"))
-
-        stop = threading.Event()
-        printer = _Printer(self.out, outcome.metrics, options.logs == "all", mark_started)
-        logs_thread = None
-        if remote:
+        """Follow the job to its end: statuses, time limits, blockers, the trainer's log."""
+        follow = _Follow.of(outcome, self.clock())
+        if follow.remote:
             self.say(f"{spec.MULTIKUEUE} runs this TrainJob on a worker cluster: its status is mirrored here, its pods and logs are there")
-        blockers_seen: dict[str, float] = {}
-        last_check = begin  # a job that starts within the interval costs no blocker watches
-        last_phase: Phase | None = None
+        stop = threading.Event()
+        printer = Printer(self.out, outcome.metrics, self.options.logs == "all", lambda: self._mark_started(outcome, follow))
         statuses = self.backend.watch(outcome.ref)
+        logs_thread: threading.Thread | None = None
         failing = True
-        now = begin
         try:
-            if options.logs != "none" and not remote:  # started inside: a cancel right after stops it below
-                logs_thread = threading.Thread(
-                    target=self.backend.follow_logs,
-                    args=(outcome.ref,),
-                    kwargs={"nodes": options.logs, "sink": printer, "stop": stop},
-                    name="trainer-logs",
-                    daemon=True,
-                )
-                logs_thread.start()
+            logs_thread = self._start_logs(outcome.ref, follow, printer, stop)  # inside: a cancel right after stops it below
             for status in statuses:
+                cancel.check()  # at each status and heartbeat
                 now = self.clock()
-                if started_at and not times.started:  # the trainer printed before its pod turned ready
-                    times.observe(Phase.RUNNING, started_at[0])
-                if status is not None:
-                    outcome.status = status.raw
-                    line = progress.observe(status.raw, now - begin)
-                    if line:
-                        self.say(line)
-                    if status.phase is not last_phase:
-                        last_phase = status.phase
-                        outcome.timeline.append((time.time(), status.phase.value + (f" ({status.reason})" if status.reason else "")))
-                        note = self._on_phase(status, times, now, queue)
-                        if note:
-                            outcome.timeline.append((time.time(), note))
-                    if status.phase is Phase.RUNNING:
-                        mark_started()
-                    if status.phase.finished:
-                        outcome.phase, outcome.reason, outcome.message = status.phase, status.reason, status.message
-                        break
-                limit = times.exceeded(now, start_timeout=options.start_timeout, queue_timeout=options.queue_timeout,
-                                       run_timeout=options.run_timeout, queue=queue)  # fmt: skip
-                if limit:
-                    diagnosis = self._diagnose(outcome.ref, {} if times.started else blockers_seen)
-                    raise TimeLimitError(f"TrainJob {outcome.ref} {limit[1]}", reason=limit[0], diagnosis=diagnosis)
-                waiting = times.state in ("queued", PREEMPTED)
-                if now - last_check >= options.blocker_check_interval and not remote and (waiting or not times.started):
-                    last_check = now
-                    if waiting:
-                        self._queue_notes(outcome.ref, queue)
-                    if not times.started:
-                        self._check_blockers(outcome.ref, blockers_seen, now)  # queued too: e.g. its JobSet cannot be made
+                if follow.started_at and not follow.times.started:  # the trainer printed before its pod turned ready
+                    follow.times.observe(Phase.RUNNING, follow.started_at[0])
+                if status is not None and self._observe(outcome, follow, status, now):
+                    break
+                self._check_limits(outcome.ref, follow, now)
             failing = False
         finally:
-            close = getattr(statuses, "close", None)
-            if close is not None:
-                close()
-            if logs_thread is not None and logs_thread.ident is not None:
-                stop.set()  # followers read what is left and return
-                logs_thread.join(min(1.0, options.log_drain_timeout) if failing else options.log_drain_timeout)
+            _close(statuses)
+            self._stop_logs(logs_thread, stop, failing)
             printer.close()
             outcome.log_lines = printer.count
-            outcome.times, outcome.queue, outcome.progress = times.totals(self.clock()), queue, list(progress.history)
-            outcome.preemptions = times.preemptions
-        outcome.metrics.extend(from_trainer_status(outcome.status if "trainerStatus" in outcome.status else progress.status()))
+            outcome.times, outcome.queue, outcome.progress = follow.times.totals(self.clock()), follow.queue, list(follow.progress.history)
+            outcome.preemptions = follow.times.preemptions
+        cancel.check()  # a stop signal while the log drained: the job is deleted like any other
+        self._conclude(outcome, follow)
+
+    def _mark_started(self, outcome: Outcome, follow: _Follow) -> None:
+        if not follow.started_at:
+            follow.started_at.append(self.clock())
+            outcome.timeline.append((time.time(), "trainer started"))
+
+    def _start_logs(self, ref: JobRef, follow: _Follow, printer: Printer, stop: threading.Event) -> threading.Thread | None:
+        if self.options.logs == "none" or follow.remote:
+            return None
+        thread = threading.Thread(
+            target=self.backend.follow_logs,
+            args=(ref,),
+            kwargs={"nodes": self.options.logs, "sink": printer, "stop": stop},
+            name="trainer-logs",
+            daemon=True,
+        )
+        thread.start()
+        return thread
+
+    def _stop_logs(self, thread: threading.Thread | None, stop: threading.Event, failing: bool) -> None:
+        if thread is None or thread.ident is None:
+            return
+        stop.set()  # followers read what is left and return
+        drain = self.options.log_drain_timeout
+        cancel.join(thread, min(1.0, drain) if failing else drain)  # a stop signal cuts the drain short
+
+    def _observe(self, outcome: Outcome, follow: _Follow, status: JobStatus, now: float) -> bool:
+        """Take in one status; True when the job has finished."""
+        outcome.status = status.raw
+        line = follow.progress.observe(status.raw, now - follow.begin)
+        if line:
+            self.say(line)
+        if status.phase is not follow.last_phase:
+            follow.last_phase = status.phase
+            outcome.timeline.append((time.time(), status.phase.value + (f" ({status.reason})" if status.reason else "")))
+            note = self._on_phase(status, follow.times, now, follow.queue)
+            if note:
+                outcome.timeline.append((time.time(), note))
+        if status.phase is Phase.RUNNING:
+            self._mark_started(outcome, follow)
+        if status.phase.finished:
+            outcome.phase, outcome.reason, outcome.message = status.phase, status.reason, status.message
+            return True
+        return False
+
+    def _check_limits(self, ref: JobRef, follow: _Follow, now: float) -> None:
+        """Raise when a time limit passed or a blocker outlasted its grace."""
+        options, times = self.options, follow.times
+        limit = times.exceeded(now, start_timeout=options.start_timeout, queue_timeout=options.queue_timeout,
+                               run_timeout=options.run_timeout, queue=follow.queue)  # fmt: skip
+        if limit:
+            diagnosis = self._diagnose(ref, {} if times.started else follow.blockers)
+            raise TimeLimitError(f"TrainJob {ref} {limit[1]}", reason=limit[0], diagnosis=diagnosis)
+        waiting = times.state in ("queued", PREEMPTED)
+        if now - follow.last_check >= options.blocker_check_interval and not follow.remote and (waiting or not times.started):
+            follow.last_check = now
+            if waiting:
+                self._queue_notes(ref, follow.queue)
+            if not times.started:
+                self._check_blockers(ref, follow.blockers, now)  # queued too: e.g. its JobSet cannot be made
+
+    def _conclude(self, outcome: Outcome, follow: _Follow) -> None:
+        """Say how the job ended; raise :class:`JobFailedError` unless it succeeded."""
+        outcome.metrics.extend(from_trainer_status(outcome.status if "trainerStatus" in outcome.status else follow.progress.status()))
         if outcome.phase is Phase.SUCCEEDED:
             spent = outcome.times
             self.say(
                 f"TrainJob {outcome.ref} completed ({outcome.reason or 'Complete'}): "
                 f"queued {duration(spent['queued'])}, starting {duration(spent['starting'])}, running {duration(spent['running'])}"
-                + (f", preempted {times.preemptions}x: {duration(spent[PREEMPTED])} suspended" if PREEMPTED in spent else "")
+                + (f", preempted {outcome.preemptions}x: {duration(spent[PREEMPTED])} suspended" if PREEMPTED in spent else "")
             )
             return
         what = "was deleted while running" if outcome.phase is Phase.DELETED else "failed"
@@ -391,7 +374,7 @@ class Launcher:
 
     def _queue_notes(self, ref: JobRef, queue: str) -> None:  # what the queue says (Kueue's Workload events), each once
         try:
-            for note in getattr(self.backend, "queue_notes", lambda ref: [])(ref):
+            for note in self.backend.queue_notes(ref):
                 self.say(f"queue {queue or '?'}: {note}")
         except CancelledError:
             raise
@@ -423,6 +406,7 @@ class Launcher:
             raise
         except Exception as e:  # the diagnosis must not hide the failure itself
             report = f"(diagnosis unavailable: {e})"
+        cancel.check()  # diagnosing takes requests: a stop signal meanwhile wins over the failure
         if blockers:
             report = "Blockers:\n" + "\n".join(f"  {b}" for b in blockers) + ("\n\n" + report if report else "")
         return report + "\n\nInspect with:\n" + self.backend.inspect_hint(ref)

@@ -48,7 +48,7 @@ class PreparedJob:
 
 def is_local(backend: Backend) -> bool:
     """Whether ``backend`` runs jobs on this machine (then local-only URIs are fine)."""
-    return bool(getattr(backend, "local", False))
+    return backend.local
 
 
 def prepare(backend: Backend, inputs: TrainJobInputs, *, runtime: RuntimeInfo | None = None) -> PreparedJob:
@@ -72,7 +72,7 @@ def prepare(backend: Backend, inputs: TrainJobInputs, *, runtime: RuntimeInfo | 
         inputs = inputs.model_copy(update={"namespace": backend.default_namespace()})
     if known:
         assert runtime is not None
-        info = _with_nodes(backend, runtime, inputs.num_nodes)
+        info = _with_nodes(runtime, inputs.num_nodes)
     else:
         info = backend.resolve_runtime(inputs)
     budget = min(naming.max_name_length(), naming.max_name_length(info.replicated_jobs))
@@ -83,12 +83,9 @@ def prepare(backend: Backend, inputs: TrainJobInputs, *, runtime: RuntimeInfo | 
     return PreparedJob(inputs=inputs, manifest=owner.annotate(manifest), runtime=info)
 
 
-def _with_nodes(backend: Backend, info: RuntimeInfo, num_nodes: int | None) -> RuntimeInfo:
+def _with_nodes(info: RuntimeInfo, num_nodes: int | None) -> RuntimeInfo:
     """``info`` read without a node count, for a job of ``num_nodes`` trainer nodes (the runtime's when None)."""
     if not num_nodes or info.nodes == num_nodes:
         return info
     jobs = tuple((name, num_nodes if name == "node" else pods) for name, pods in info.replicated_jobs)
-    info = dataclasses.replace(info, replicated_jobs=jobs)
-    if getattr(backend, "runtime", None) is not None:  # the backend follows this many nodes' logs
-        backend.runtime = info  # type: ignore[attr-defined]
-    return info
+    return dataclasses.replace(info, replicated_jobs=jobs)

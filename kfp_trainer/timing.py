@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .backends.base import Phase
+from .jobstatus import Phase
 
 STATES = ("queued", "starting", "running")
 PREEMPTED = "preempted"  # a fourth state, only once a job was preempted

@@ -11,60 +11,24 @@ knows nothing of KFP. The launcher drives it:
     backend.diagnose(sub.ref)                       # on failure: pods, events, log tail
     backend.delete(sub.ref)                         # on cancel, time limit, or clean-up
 
-Optional methods, used when a backend has them: ``reclaim(manifest, wait=...)`` deletes
-the job a cancelled :meth:`~Backend.submit` may have created (and says what it did),
-``release(ref)`` stops whatever the backend keeps running for a job it no longer follows, and
-``queue_notes(ref)`` says what the job's queue (Kueue) reported since the last call.
+Three more have a default that does nothing, for a backend with nothing to do there:
+``reclaim(manifest, wait=...)`` deletes the job a cancelled :meth:`~Backend.submit` may have
+created (and says what it did), ``release(ref)`` stops whatever the backend keeps running for a
+job it no longer follows, and ``queue_notes(ref)`` says what the job's queue (Kueue) reported
+since the last call. The job's identity and status types live in :mod:`kfp_trainer.jobstatus`.
 """
 
 from __future__ import annotations
 
-import enum
+import abc
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import OwnershipError
+from ..jobstatus import JobRef, JobStatus, Phase
 from ..spec import ALLOW_HOST_ACCESS_ANNOTATION, LABEL_DIGEST, LABEL_RUN, LABEL_TASK, ApiVersion, TrainJobInputs, dig
-
-
-class Phase(str, enum.Enum):
-    """Where a TrainJob is, as the launcher needs to know it."""
-
-    PENDING = "Pending"  # created, nothing running yet
-    RUNNING = "Running"  # a trainer pod runs
-    SUSPENDED = "Suspended"  # suspended (e.g. queued by Kueue)
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    DELETED = "Deleted"  # gone while we followed it
-
-    @property
-    def finished(self) -> bool:
-        """True for the phases a TrainJob never leaves."""
-        return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.DELETED)
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """Identity of one TrainJob."""
-
-    namespace: str
-    name: str
-    uid: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
-class JobStatus:
-    """One observation of a TrainJob's state."""
-
-    phase: Phase
-    reason: str = ""
-    message: str = ""
-    raw: dict[str, Any] = field(default_factory=dict)  # the object's status, as stored
 
 
 @dataclass(frozen=True)
@@ -187,60 +151,90 @@ def trainjob_status(obj: dict[str, Any] | None, trainer_job: str = "node") -> Jo
     return JobStatus(Phase.PENDING, raw=status)
 
 
-class Backend(Protocol):
-    """What the launcher needs from a place that runs TrainJobs."""
+class Backend(abc.ABC):
+    """What the launcher needs from a place that runs TrainJobs.
 
+    The abstract methods are the contract; the others have a documented default that does
+    nothing, for a backend with nothing to do there. The launcher calls every one of them.
+    """
+
+    local: bool = False  # runs jobs on this machine (the render allows what only makes sense there)
+
+    @abc.abstractmethod
     def resolve_runtime(self, inputs: TrainJobInputs) -> RuntimeInfo:
         """Check the runtime exists and tell which Trainer API version to render for.
 
         Raises:
             RuntimeNotFoundError: With the runtimes that do exist.
         """
-        ...
 
+    @abc.abstractmethod
     def default_namespace(self) -> str:
         """Namespace to use when the inputs name none."""
-        ...
 
-    def submit(self, manifest: dict[str, Any]) -> Submission:
+    @abc.abstractmethod
+    def submit(self, manifest: dict[str, Any], *, runtime: RuntimeInfo | None = None) -> Submission:
         """Create the TrainJob, or adopt the one an earlier try of this task created.
+
+        ``runtime`` is what the manifest was rendered for (:class:`kfp_trainer.prepare.PreparedJob`):
+        the backend keeps it with the job (e.g. how many nodes' logs to follow).
 
         Raises:
             OwnershipError: A TrainJob of that name belongs to another run or task.
+            CancelledError: A stop signal came before the create request, or while it was
+                in flight (then :meth:`reclaim` deletes what it made).
         """
-        ...
 
+    @abc.abstractmethod
     def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
-        """Yield the job's status whenever it changes, and ``None`` as a periodic heartbeat."""
-        ...
+        """Yield the job's status whenever it changes, and ``None`` as a heartbeat.
 
+        The heartbeat comes at least every :data:`kfp_trainer.cancel.TICK` seconds or so:
+        the launcher looks for a stop signal at each item.
+        """
+
+    @abc.abstractmethod
     def blockers(self, ref: JobRef) -> list[Blocker]:
         """What currently keeps the job from starting; empty when nothing does."""
-        ...
 
+    @abc.abstractmethod
     def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
         """Send the trainer's log lines to ``sink`` until the job ends or ``stop`` is set.
 
         ``nodes`` is ``"0"`` (default), another node index, or ``"all"``.
         """
-        ...
 
+    @abc.abstractmethod
     def diagnose(self, ref: JobRef, *, tail: int = 40) -> str:
         """A report for a failed job: failed pods, recent events, last log lines."""
-        ...
 
+    @abc.abstractmethod
     def delete(self, ref: JobRef, *, wait: float = 30.0) -> str | None:
-        """Delete the job and what it owns; no error if already gone.
+        """Delete the job and what it owns; no error if already gone. Runs to its end.
 
         Returns:
             What is still left after waiting up to ``wait`` seconds, and how to remove it
             (empty or None when everything is gone).
         """
-        ...
 
+    @abc.abstractmethod
     def inspect_hint(self, ref: JobRef) -> str:
         """Commands a person can run to look at the job."""
-        ...
+
+    def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
+        """After a cancelled :meth:`submit`: delete the job it may have created; say what was done.
+
+        Default: nothing (None), for a backend whose submit creates nothing it cannot take back.
+        """
+        return None
+
+    def release(self, ref: JobRef) -> None:
+        """Stop whatever is kept running for a job the launcher no longer follows. Default: nothing."""
+        return None
+
+    def queue_notes(self, ref: JobRef) -> list[str]:
+        """What the job's queue (Kueue) reported since the last call, each message once. Default: none."""
+        return []
 
 
 def check_ownership(manifest: dict[str, Any], existing: dict[str, Any], *, remedy: str) -> None:

@@ -19,8 +19,11 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
+from .. import cancel
+from ..errors import KfpTrainerError
+from ..jobstatus import JobRef, JobStatus, Phase
 from ..spec import GROUP, PLURAL, VERSION, ApiVersion, TrainJobInputs
-from .base import Blocker, JobRef, JobStatus, LogSink, Phase, RuntimeInfo, Submission, trainjob_status
+from .base import Backend, Blocker, LogSink, RuntimeInfo, Submission, trainjob_status
 from .kube import discovery, inspect
 from .kube.api import RetryPolicy
 from .kube.cache import EventQueue
@@ -31,7 +34,7 @@ from .kube.logs import NodeLogFollower
 __all__ = ["KubernetesBackend", "load_api_client"]
 
 
-class KubernetesBackend:
+class KubernetesBackend(Backend):
     """Runs TrainJobs on a Kubernetes cluster with Kubeflow Trainer installed.
 
     Args:
@@ -42,7 +45,8 @@ class KubernetesBackend:
         watch_timeout: Server-side timeout of each watch request: a quiet job costs one
             request per watch per period.
         policy: Retries of transient API errors.
-        heartbeat: Seconds between the status watch's heartbeats (no request involved).
+        heartbeat: Seconds between the status watch's heartbeats (no request involved); the
+            launcher looks for a stop signal at each, so keep it short.
         log_read_timeout: A log stream quiet this long is re-opened from its cursor.
         replace_timeout: How long an earlier try's job may take to go before replacing it.
     """
@@ -55,7 +59,7 @@ class KubernetesBackend:
         api_version: str = "auto",
         watch_timeout: int = 300,
         policy: RetryPolicy = RetryPolicy(),
-        heartbeat: float = 1.0,
+        heartbeat: float = 0.2,
         log_read_timeout: float = 300.0,
         replace_timeout: float = 120.0,
     ) -> None:
@@ -67,7 +71,9 @@ class KubernetesBackend:
         self.heartbeat = heartbeat
         self.log_read_timeout = log_read_timeout
         self.lifecycle = Lifecycle(api, policy=policy, replace_timeout=replace_timeout)
-        self.runtime: RuntimeInfo | None = None
+        self.runtime: RuntimeInfo | None = None  # resolved last; each submitted job keeps its own
+        # Per job, by (namespace, name): one backend can follow several jobs at once.
+        self._runtimes: dict[tuple[str, str], RuntimeInfo] = {}
         self._trackers: dict[tuple[str, str], inspect.JobTracker] = {}
 
     @classmethod
@@ -83,7 +89,12 @@ class KubernetesBackend:
             from .kube.connect import connect, kubeconfig_namespace
 
             kwargs.setdefault("namespace", kubeconfig_namespace(kubeconfig))
-            return cls(connect(kubeconfig), **kwargs)
+            try:
+                api = connect(kubeconfig)  # bounded (a connect timeout); a stop signal waits for it
+            except KfpTrainerError:
+                cancel.check()  # a stop signal while connecting is a cancel, not an unreachable cluster
+                raise
+            return cls(api, **kwargs)
         return cls(load_api_client(kubeconfig), **kwargs)
 
     # ------------------------------------------------------------------ discovery
@@ -102,14 +113,19 @@ class KubernetesBackend:
     def resolve_runtime(self, inputs: TrainJobInputs) -> RuntimeInfo:
         """Fetch the referenced runtime; raise :class:`RuntimeNotFoundError` listing those that exist."""
         namespace = inputs.namespace or self.default_namespace()
+        cancel.check()  # each request here waits for its answer: a stop signal ends the preparation between them
         api_version = self.detect_api_version(namespace, runtime=(inputs.runtime_kind, inputs.runtime))
+        cancel.check()
         self.runtime = discovery.resolve_runtime(self.api, inputs, namespace=namespace, api_version=api_version, policy=self.policy)
         return self.runtime
 
     # ------------------------------------------------------------------ lifecycle
-    def submit(self, manifest: dict[str, Any]) -> Submission:
+    def submit(self, manifest: dict[str, Any], *, runtime: RuntimeInfo | None = None) -> Submission:
         """Create the TrainJob, adopt this task's earlier one, or replace a failed or stale one."""
         namespace = manifest["metadata"].get("namespace") or self.default_namespace()
+        runtime = runtime or self.runtime  # the runtime this manifest was rendered for
+        if runtime is not None:
+            self._runtimes[(namespace, manifest["metadata"]["name"])] = runtime
         return self.lifecycle.submit(manifest, namespace)
 
     def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
@@ -132,7 +148,8 @@ class KubernetesBackend:
         return leftovers_message(ref, left, wait) if left else ""
 
     def release(self, ref: JobRef) -> None:
-        """Stop the watches kept for ``ref`` (pods, events)."""
+        """Stop the watches kept for ``ref`` (pods, events) and forget what was kept for it."""
+        self._runtimes.pop((ref.namespace, ref.name), None)
         tracker = self._trackers.pop((ref.namespace, ref.name), None)
         if tracker is not None:
             tracker.close()
@@ -144,10 +161,15 @@ class KubernetesBackend:
             self._trackers[key] = inspect.JobTracker(self.api, ref, created=created, policy=self.policy, timeout_seconds=self.watch_timeout)
         return self._trackers[key]
 
+    def _runtime(self, ref: JobRef) -> RuntimeInfo | None:
+        """The runtime ``ref`` was submitted with (else the one resolved last)."""
+        return self._runtimes.get((ref.namespace, ref.name)) or self.runtime
+
     # ------------------------------------------------------------------ following
     def watch(self, ref: JobRef, *, resource_version: str | None = None) -> Iterator[JobStatus | None]:
         """Status changes of one TrainJob (one watch, resumed from resourceVersion); ``None`` = heartbeat."""
-        trainer_job = self.runtime.trainer_job if self.runtime else "node"
+        runtime = self._runtime(ref)
+        trainer_job = runtime.trainer_job if runtime else "node"
         known = self.lifecycle.seen.get((ref.namespace, ref.name)) if resource_version is None else None
         if known is not None and ref.uid and known["metadata"].get("uid") != ref.uid:
             known = None
@@ -205,8 +227,9 @@ class KubernetesBackend:
 
     def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
         """Stream node ``nodes`` ("0", "3", or "all") of the trainer to ``sink`` until done or stopped."""
-        replicated_job = self.runtime.trainer_job if self.runtime else "node"
-        count = self.runtime.nodes if self.runtime and replicated_job == "node" else 1
+        runtime = self._runtime(ref)
+        replicated_job = runtime.trainer_job if runtime else "node"
+        count = runtime.nodes if runtime and replicated_job == "node" else 1
         indices = list(range(count)) if nodes == "all" else [int(nodes)]
         pods = self._tracker(ref).pods()
         followers = [

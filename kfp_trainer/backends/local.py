@@ -45,11 +45,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import cancel
 from ..errors import RuntimeNotFoundError, UserError
+from ..jobstatus import JobRef, JobStatus, Phase
 from ..spec import TrainJobInputs
 from ..storage import fetch, redact
+from ..timestamps import rfc3339
 from . import local_torchtune
-from .base import Blocker, JobRef, JobStatus, LogLine, LogSink, Phase, RuntimeInfo, Submission, check_ownership, trainjob_status
+from .base import Backend, Blocker, LogLine, LogSink, RuntimeInfo, Submission, check_ownership, trainjob_status
 from .local_runtime import (
     BUILTIN_RUNTIMES,
     RUNTIMES_ENV,
@@ -89,10 +92,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 class _Job:
     """A running local TrainJob: its processes and supervisor thread (this process only)."""
 
@@ -104,7 +103,7 @@ class _Job:
         self.thread: threading.Thread | None = None
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """Runs TrainJobs as local processes. See the module docstring."""
 
     local = True
@@ -154,7 +153,7 @@ class LocalBackend:
         ref = manifest["spec"]["runtimeRef"]
         return self.runtimes().get(f"{ref.get('kind', 'ClusterTrainingRuntime')}/{ref['name']}") or {}
 
-    def submit(self, manifest: dict[str, Any]) -> Submission:
+    def submit(self, manifest: dict[str, Any], *, runtime: RuntimeInfo | None = None) -> Submission:
         """Start the job, or adopt this task's earlier one (replacing it if it failed)."""
         namespace = manifest["metadata"].get("namespace") or self.namespace
         ref = JobRef(namespace, manifest["metadata"]["name"])
@@ -183,7 +182,7 @@ class LocalBackend:
         uid = f"local-{os.getpid()}-{time.time_ns()}"
         obj = {
             **manifest,
-            "metadata": {**manifest["metadata"], "namespace": namespace, "uid": uid, "creationTimestamp": _now()},
+            "metadata": {**manifest["metadata"], "namespace": namespace, "uid": uid, "creationTimestamp": rfc3339()},
             "status": {"conditions": [], "jobsStatus": [], "supervisor": ProcessId.of(os.getpid()).to_json()},
         }
         _write_json(directory / "trainjob.json", obj)
@@ -213,75 +212,80 @@ class LocalBackend:
             job.changed.set()
 
     def _finish(self, directory: Path, obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
-        condition = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": _now()}
+        condition = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": rfc3339()}
         self._set_status(directory, obj, conditions=[condition])
 
     def _supervise(self, ref: JobRef, obj: dict[str, Any], command: list[str], job: _Job) -> None:
-        directory, workspace = job.dir, job.dir / "workspace"
-        manifest = obj
+        """The job's thread: initializers, the nodes, their end recorded in the state file."""
         try:
-            for line in link_mounts(manifest, workspace):
-                with open(directory / "logs" / "node-0.log", "a") as out:
-                    out.write(f"{_now()} mounted {line}\n")
-            for kind in ("dataset", "model"):
-                uri = ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("storageUri")
-                if uri and not job.cancelled.is_set():
-                    with open(directory / "logs" / f"{kind}-initializer.log", "a") as out:
-                        out.write(f"{_now()} fetching {redact(uri)} into {WORKSPACE}/{kind}\n")
-                    fetch(uri, workspace / kind, kind=kind, env=initializer_env(manifest, kind))
-            runtime = self._runtime_doc(manifest)
-            torch = "torch" in ((runtime.get("spec") or {}).get("mlPolicy") or {})
-            nodes = int(
-                (manifest["spec"].get("trainer") or {}).get("numNodes")
-                or ((runtime.get("spec") or {}).get("mlPolicy") or {}).get("numNodes")
-                or 1
-            )
-            env = node_env(manifest, runtime, workspace, nodes)
-            tune_port = free_port() if local_torchtune.is_torchtune(runtime) else 0
-            for node in range(nodes):
-                if job.cancelled.is_set():
-                    return
-                argv, node_vars = command, ({**env, "PET_NODE_RANK": str(node)} if torch else env)
-                out = open(directory / "logs" / f"node-{node}.log", "ab")
-                if tune_port:  # the runtime's own tune command, completed as the Trainer controller does
-                    argv, node_vars = local_torchtune.node_command(manifest, runtime, workspace, node=node, master_port=tune_port)
-                    (directory / "logs" / f"node-{node}.command").write_text(shlex.join(argv) + "\n")  # not in the log: no metrics
-                job.procs[node] = subprocess.Popen(
-                    argv,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    cwd=workspace,
-                    env=node_vars,
-                    start_new_session=True,
-                )
-                out.close()
-            pids = [p.pid for p in job.procs.values()]
-            self._set_status(
-                directory,
-                obj,
-                pids=pids,
-                processes=[ProcessId.of(pid).to_json() for pid in pids],
-                jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}],
-            )
-            codes = self._wait(job)
-            if job.cancelled.is_set():
+            self._initialize(obj, job)
+            if not self._start_nodes(obj, command, job):
                 return
-            failed = {n: c for n, c in codes.items() if c != 0}
-            jobs_status = [{"name": "node", "active": 0, "ready": 0, "succeeded": len(codes) - len(failed), "failed": len(failed)}]
-            self._set_status(directory, obj, jobsStatus=jobs_status, exitCodes={str(n): c for n, c in codes.items()})
-            if failed:
-                first = min(failed)
-                self._finish(directory, obj, "Failed", "FailedJobs", f"node-{first} exited with code {failed[first]}")
-            else:
-                self._finish(directory, obj, "Complete", "AllJobsCompleted", "all nodes exited 0")
+            codes = self._wait(job)
+            if not job.cancelled.is_set():
+                self._record_end(job.dir, obj, codes)
         except UserError as e:
-            with open(directory / "logs" / "node-0.log", "a") as out:
+            with open(job.dir / "logs" / "node-0.log", "a") as out:
                 out.write(f"initializer failed: {e}\n")
-            self._finish(directory, obj, "Failed", "InitializerFailed", str(e))
+            self._finish(job.dir, obj, "Failed", "InitializerFailed", str(e))
         except Exception as e:  # report, never leave the job Pending forever
             log.exception("local TrainJob %s failed to run", ref)
-            self._finish(directory, obj, "Failed", "LocalBackendError", f"{type(e).__name__}: {e}")
+            self._finish(job.dir, obj, "Failed", "LocalBackendError", f"{type(e).__name__}: {e}")
+
+    def _initialize(self, manifest: dict[str, Any], job: _Job) -> None:
+        """Link the mounts and fetch the dataset and model into the workspace."""
+        directory, workspace = job.dir, job.dir / "workspace"
+        for line in link_mounts(manifest, workspace):
+            with open(directory / "logs" / "node-0.log", "a") as out:
+                out.write(f"{rfc3339()} mounted {line}\n")
+        for kind in ("dataset", "model"):
+            uri = ((manifest["spec"].get("initializer") or {}).get(kind) or {}).get("storageUri")
+            if uri and not job.cancelled.is_set():
+                with open(directory / "logs" / f"{kind}-initializer.log", "a") as out:
+                    out.write(f"{rfc3339()} fetching {redact(uri)} into {WORKSPACE}/{kind}\n")
+                fetch(uri, workspace / kind, kind=kind, env=initializer_env(manifest, kind))
+
+    def _start_nodes(self, obj: dict[str, Any], command: list[str], job: _Job) -> bool:
+        """Start every node, each in its own process group; False when cancelled first."""
+        directory, workspace = job.dir, job.dir / "workspace"
+        runtime = self._runtime_doc(obj)
+        policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
+        torch = "torch" in policy
+        nodes = int((obj["spec"].get("trainer") or {}).get("numNodes") or policy.get("numNodes") or 1)
+        env = node_env(obj, runtime, workspace, nodes)
+        tune_port = free_port() if local_torchtune.is_torchtune(runtime) else 0
+        for node in range(nodes):
+            if job.cancelled.is_set():
+                return False
+            argv, node_vars = command, ({**env, "PET_NODE_RANK": str(node)} if torch else env)
+            if tune_port:  # the runtime's own tune command, completed as the Trainer controller does
+                argv, node_vars = local_torchtune.node_command(obj, runtime, workspace, node=node, master_port=tune_port)
+                (directory / "logs" / f"node-{node}.command").write_text(shlex.join(argv) + "\n")  # not in the log: no metrics
+            with open(directory / "logs" / f"node-{node}.log", "ab") as out:
+                job.procs[node] = subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workspace, env=node_vars,
+                    start_new_session=True,
+                )  # fmt: skip
+        pids = [p.pid for p in job.procs.values()]
+        self._set_status(
+            directory,
+            obj,
+            pids=pids,
+            processes=[ProcessId.of(pid).to_json() for pid in pids],
+            jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}],
+        )
+        return True
+
+    def _record_end(self, directory: Path, obj: dict[str, Any], codes: dict[int, int]) -> None:
+        """Write the nodes' exit codes and the job's end (Complete, or Failed naming the first failed node)."""
+        failed = {n: c for n, c in codes.items() if c != 0}
+        jobs_status = [{"name": "node", "active": 0, "ready": 0, "succeeded": len(codes) - len(failed), "failed": len(failed)}]
+        self._set_status(directory, obj, jobsStatus=jobs_status, exitCodes={str(n): c for n, c in codes.items()})
+        if failed:
+            first = min(failed)
+            self._finish(directory, obj, "Failed", "FailedJobs", f"node-{first} exited with code {failed[first]}")
+        else:
+            self._finish(directory, obj, "Complete", "AllJobsCompleted", "all nodes exited 0")
 
     def _wait(self, job: _Job) -> dict[int, int]:
         """Wait for every node; when one fails, stop the others (as JobSet's failure policy does)."""
@@ -300,7 +304,7 @@ class LocalBackend:
         return codes
 
     def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
-        """Status changes read from the job's state file; ``None`` about every second as heartbeat.
+        """Status changes read from the job's state file; ``None`` as heartbeat, a few times a second.
 
         A job adopted from another process is followed through its state file, and that
         process (its supervisor) is checked on each read: when it is gone, nobody will record
@@ -330,10 +334,10 @@ class LocalBackend:
             else:
                 yield None
             if job is not None:  # started by this process: wake up on each change
-                job.changed.wait(1.0)
+                job.changed.wait(2 * cancel.TICK)  # short: the launcher looks for a stop signal at each heartbeat
                 job.changed.clear()
             else:  # adopted from another process: its state file is all there is
-                time.sleep(0.5)
+                time.sleep(2 * cancel.TICK)
 
     def blockers(self, ref: JobRef) -> list[Blocker]:
         """Nothing blocks a local job from starting once submit accepted it."""

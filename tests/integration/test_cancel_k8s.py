@@ -7,12 +7,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from k8s_objects import backend, inputs, recording, trainjobs, wait_for
+from kubernetes import client
 
-from kfp_trainer import spec
+from kfp_trainer import cancel, spec
+from kfp_trainer.backends.kube.watch import wait_gone
 from kfp_trainer.errors import CancelledError
 from kfp_trainer.launcher import Launcher, LaunchOptions
 
@@ -95,3 +98,26 @@ def test_sigterm_swept_from_process_start_to_following_never_leaks_a_job(cluster
     # The sweep really crossed creation: some signals landed after the job existed.
     assert any(created for _, _, created in outcomes), outcomes
     assert any(rc == 130 for _, rc, _ in outcomes), outcomes
+
+
+def test_a_signal_ends_a_wait_for_an_earlier_try_to_go_at_once_but_never_a_deletions_wait(api_client, namespace):
+    """The handler shuts the waiting watch's stream down: without that, the read would go on
+    until the server ends the stream (a signal whose handler does not raise ends no read)."""
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "held", "finalizers": ["kfp-trainer.test/hold"]}})
+    core.delete_namespaced_config_map("held", namespace)  # stays, being deleted, until the finalizer goes
+    path, selectors = f"/api/v1/namespaces/{namespace}/configmaps", [("fieldSelector", "metadata.name=held")]
+    try:
+        with cancel.handling():
+            threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+            began = time.monotonic()
+            with pytest.raises(CancelledError):
+                wait_gone(api_client, path, selectors, timeout=20, cancellable=True)
+            assert time.monotonic() - began < 3
+        with cancel.handling():  # a deletion's wait: a signal changes nothing, the bound ends it
+            threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+            began = time.monotonic()
+            left = wait_gone(api_client, path, selectors, timeout=3)
+            assert [o["metadata"]["name"] for o in left] == ["held"] and time.monotonic() - began >= 3
+    finally:
+        core.patch_namespaced_config_map("held", namespace, {"metadata": {"finalizers": None}})

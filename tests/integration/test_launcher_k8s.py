@@ -24,7 +24,6 @@ from tcp_proxy import TcpProxy
 from testcluster import PodScript
 
 from kfp_trainer import spec
-from kfp_trainer.backends.base import JobRef
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import (
     CancelledError,
@@ -36,6 +35,7 @@ from kfp_trainer.errors import (
     RuntimeNotFoundError,
     TimeLimitError,
 )
+from kfp_trainer.jobstatus import JobRef
 from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.spec import TrainJobInputs
 

@@ -27,9 +27,9 @@ from kubernetes import client
 
 from kfp_trainer import spec
 from kfp_trainer.backends import owner
-from kfp_trainer.backends.base import JobRef
 from kfp_trainer.backends.kube.watch import watch
 from kfp_trainer.errors import DeletionTimeoutError, ForbiddenError, OwnershipError, RejectedError
+from kfp_trainer.jobstatus import JobRef
 
 OLDER = Path(__file__).resolve().parents[2].parent / "shared" / "kubeflow-trainer-older"
 HOLD = "kfp-trainer.test/hold"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kfp_trainer.backends.base import JobRef
 from kfp_trainer.backends.local import LocalBackend
 from kfp_trainer.backends.procs import ProcessId, pid_alive
 from kfp_trainer.errors import JobFailedError
+from kfp_trainer.jobstatus import JobRef
 from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.spec import TrainJobInputs
 

@@ -94,7 +94,7 @@ def test_a_torchtune_step_reads_its_runtime_once_and_builds_its_manifest_at_most
 
     backend = LocalBackend(tmp_path / "jobs")
 
-    def submit(manifest):
+    def submit(manifest, *, runtime=None):
         raise Submitted(manifest)
 
     monkeypatch.setattr(backend, "submit", submit)  # the rest of the launch is other tests' subject

@@ -16,9 +16,7 @@ import io
 import json
 import sys
 import tempfile
-import threading
 import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,61 +27,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hostile_cases import AWS_ID, AWS_KEY, CANARIES, CASES, CLI_CASES, COMPONENT_CASES, Case, CliCase  # noqa: E402
 
-from kfp_trainer.backends.base import JobRef, JobStatus, LogLine, Phase, RuntimeInfo, Submission  # noqa: E402
+from kfp_trainer.backends.base import RuntimeInfo  # noqa: E402
 from kfp_trainer.errors import KfpTrainerError  # noqa: E402
+from kfp_trainer.jobstatus import JobStatus, Phase  # noqa: E402
+from tests.fakes import FakeBackend  # noqa: E402
 
 ENTRY_POINTS = ("render", "launcher", "component", "cli")
 
 
-class RecordingBackend:
+class RecordingBackend(FakeBackend):
     """A cluster that records every call; ``writes`` are the calls that would change the cluster."""
 
-    local = False
-
     def __init__(self, *, api_version: str = "v2.2", allow_host_access: bool = False) -> None:
-        self.api_version = api_version
+        done = JobStatus(Phase.SUCCEEDED, reason="AllJobsCompleted", raw={"jobsStatus": [{"name": "node", "succeeded": 1}]})
+        lines = [json.dumps({"step": 1, "loss": 1.0})]
+        super().__init__([JobStatus(Phase.RUNNING), done], namespace="team-a", api_version=api_version, lines=lines, hold_logs=False)
         self.allow_host_access = allow_host_access
-        self.calls: list[tuple[str, Any]] = []
-        self.submitted: list[dict[str, Any]] = []
 
-    @property
-    def writes(self) -> list[tuple[str, Any]]:
-        return [c for c in self.calls if c[0] in ("submit", "delete")]
-
-    def default_namespace(self) -> str:
-        return "team-a"
-
-    def resolve_runtime(self, inputs: Any) -> RuntimeInfo:
-        self.calls.append(("resolve_runtime", inputs.runtime))
+    def runtime_info(self, inputs: Any) -> RuntimeInfo:
         jobs = (("dataset-initializer", 1), ("model-initializer", 1), ("node", inputs.num_nodes or 1))
         return RuntimeInfo(
             name=inputs.runtime, kind=inputs.runtime_kind, api_version=self.api_version,  # type: ignore[arg-type]
             replicated_jobs=jobs, allow_host_access=self.allow_host_access,
         )  # fmt: skip
-
-    def submit(self, manifest: dict[str, Any]) -> Submission:
-        self.calls.append(("submit", manifest["metadata"]["name"]))
-        self.submitted.append(json.loads(json.dumps(manifest)))
-        return Submission(JobRef(manifest["metadata"].get("namespace", "team-a"), manifest["metadata"]["name"], "uid-1"), adopted=False)
-
-    def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
-        yield JobStatus(Phase.RUNNING)
-        yield JobStatus(Phase.SUCCEEDED, reason="AllJobsCompleted", raw={"jobsStatus": [{"name": "node", "succeeded": 1}]})
-
-    def blockers(self, ref: JobRef) -> list[Any]:
-        return []
-
-    def follow_logs(self, ref: JobRef, *, nodes: str, sink: Any, stop: threading.Event) -> None:
-        sink(LogLine("node-0", json.dumps({"step": 1, "loss": 1.0})))
-
-    def diagnose(self, ref: JobRef, *, tail: int = 40) -> str:
-        return ""
-
-    def delete(self, ref: JobRef, *, wait: float = 30.0) -> None:
-        self.calls.append(("delete", ref.name))
-
-    def inspect_hint(self, ref: JobRef) -> str:
-        return f"kubectl get trainjob -n {ref.namespace} {ref.name}"
 
 
 @dataclass

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +12,7 @@ import pytest
 from kfp import dsl
 
 from kfp_trainer import steps
-from kfp_trainer.backends.base import JobRef, JobStatus, LogLine, Phase, RuntimeInfo, Submission
+from kfp_trainer.backends.base import Submission
 from kfp_trainer.components import (
     COMPONENTS,
     dataset_initializer,
@@ -24,9 +22,11 @@ from kfp_trainer.components import (
     trainjob_component,
 )
 from kfp_trainer.errors import UserError, ValidationError
+from kfp_trainer.jobstatus import JobRef, JobStatus, Phase
 from kfp_trainer.staging import choose_shared_root, placeholders_used, plan_paths, substitute
 from kfp_trainer.storage import StorageError, fetch, redact, scheme_of
 from kfp_trainer.taskconfig import merge_task_config, task_config_dict
+from tests.fakes import FakeBackend
 
 
 def artifact(cls: type, path: Path, metadata: dict | None = None) -> Any:
@@ -245,49 +245,21 @@ def test_evaluate_model_logs_metrics_and_gives_a_bool_verdict(tmp_path, monkeypa
     assert worse is False
 
 
-class FakeCluster:
+class FakeCluster(FakeBackend):
     """Plays a cluster in which the trainer writes its model where --out points (the shared volume)."""
 
-    local = False
-
     def __init__(self) -> None:
-        self.manifests: list[dict] = []
-        self.deleted: list[JobRef] = []
+        done = {"jobsStatus": [{"name": "node", "succeeded": 2, "active": 0, "ready": 0, "failed": 0, "suspended": 0}]}
+        lines = [json.dumps({"step": step, "loss": loss}) for step, loss in ((1, 2.0), (2, 1.0), (3, 1.5))]
+        script = [JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED, reason="AllJobsCompleted", raw=done)]
+        super().__init__(script, namespace="team-a", nodes=2, lines=lines, hold_logs=False)
+        self.manifests = self.submitted
 
-    def default_namespace(self) -> str:
-        return "team-a"
-
-    def resolve_runtime(self, inputs: Any) -> RuntimeInfo:
-        return RuntimeInfo(name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", replicated_jobs=(("node", 2),))
-
-    def submit(self, manifest: dict) -> Submission:
-        self.manifests.append(manifest)
+    def create(self, manifest: dict) -> None:
         args = manifest["spec"]["trainer"]["args"]
         data, out = Path(args[args.index("--data") + 1]), Path(args[args.index("--out") + 1])
         out.mkdir(parents=True, exist_ok=True)
         (out / "model.safetensors").write_text("weights trained on " + ",".join(sorted(p.name for p in data.iterdir())))
-        return Submission(JobRef("team-a", manifest["metadata"]["name"], "uid-1"), adopted=False)
-
-    def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
-        yield JobStatus(Phase.RUNNING)
-        status = {"jobsStatus": [{"name": "node", "succeeded": 2, "active": 0, "ready": 0, "failed": 0, "suspended": 0}]}
-        yield JobStatus(Phase.SUCCEEDED, reason="AllJobsCompleted", raw=status)
-
-    def blockers(self, ref: JobRef) -> list:
-        return []
-
-    def follow_logs(self, ref: JobRef, *, nodes: str, sink: Any, stop: threading.Event) -> None:
-        for step, loss in ((1, 2.0), (2, 1.0), (3, 1.5)):
-            sink(LogLine("node-0", json.dumps({"step": step, "loss": loss})))
-
-    def diagnose(self, ref: JobRef, *, tail: int = 40) -> str:
-        return ""
-
-    def delete(self, ref: JobRef, *, wait: float = 30.0) -> None:
-        self.deleted.append(ref)
-
-    def inspect_hint(self, ref: JobRef) -> str:
-        return f"kubectl get trainjob -n {ref.namespace} {ref.name}"
 
 
 def test_train_job_on_a_cluster_carries_artifacts_through_the_workspace_and_fills_every_output(tmp_path, monkeypatch):
@@ -367,7 +339,7 @@ def test_train_job_reports_every_invalid_input_before_submitting(tmp_path, monke
 
 def test_empty_output_model_is_an_error_when_the_trainer_was_told_to_write_one(tmp_path, monkeypatch):
     fake = FakeCluster()
-    fake.submit = lambda manifest: (fake.manifests.append(manifest), Submission(JobRef("team-a", "j"), adopted=False))[1]  # type: ignore[method-assign]
+    fake.submit = lambda manifest, runtime=None: (fake.manifests.append(manifest), Submission(JobRef("team-a", "j"), adopted=False))[1]  # type: ignore[method-assign]
     monkeypatch.setattr("kfp_trainer.backends.select_backend", lambda kind="auto", **kw: fake)
     ws = tmp_path / "ws"
     with pytest.raises(SystemExit):

@@ -10,7 +10,6 @@ import yaml
 from kfp import compiler, components, dsl
 
 from kfp_trainer import spec
-from kfp_trainer.backends.base import RuntimeInfo
 from kfp_trainer.components import (
     dataset_initializer,
     load_component_from_file,
@@ -22,6 +21,7 @@ from kfp_trainer.components import (
 from kfp_trainer.errors import InvalidSpecErrors
 from kfp_trainer.steps.finetune import torchtune_settings
 from kfp_trainer.steps.train_job import MISSING_CONTEXT
+from tests.fakes import FakeBackend
 
 REPO = Path(__file__).resolve().parents[2]
 HF = "hf_" + "abcdefghijklmnopqrstuvwxyz0123456789"  # a Hugging Face token's shape
@@ -47,18 +47,13 @@ def refused_at_build(body: Any) -> InvalidSpecErrors:
     return info.value
 
 
-class _Cluster:
+class _Cluster(FakeBackend):
     """Just enough of a cluster for a step to reach its checks; refuses to create anything."""
 
-    local = False
+    def __init__(self) -> None:
+        super().__init__(namespace="team-a")
 
-    def default_namespace(self) -> str:
-        return "team-a"
-
-    def resolve_runtime(self, inputs: Any) -> RuntimeInfo:
-        return RuntimeInfo(name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", replicated_jobs=(("node", 1),))
-
-    def submit(self, manifest: dict) -> Any:
+    def create(self, manifest: dict) -> None:
         raise AssertionError("nothing may be created")
 
 

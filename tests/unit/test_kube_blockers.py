@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from kfp_trainer.backends.base import JobRef
 from kfp_trainer.backends.kube.inspect import belongs, blockers, never_fits, pod_blockers
+from kfp_trainer.jobstatus import JobRef
 
 REF = JobRef("ns", "train-abc", "uid-1")
 CREATED = "2026-05-01T10:00:00Z"

@@ -6,12 +6,16 @@ import json
 
 import pytest
 import urllib3
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_trainer.backends.base import Phase, trainjob_status
+from kfp_trainer.backends.base import RuntimeInfo, Submission, trainjob_status
 from kfp_trainer.backends.kube.api import Conflict, Gone, NotFound, RetryPolicy, call
-from kfp_trainer.backends.kube.logs import _Cursor, parse_timestamp
+from kfp_trainer.backends.kube.logs import _Cursor
+from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import ForbiddenError, InfraError, KfpTrainerError, RejectedError
+from kfp_trainer.jobstatus import JobRef, Phase
+from kfp_trainer.timestamps import parse_timestamp
 
 
 def api_error(status: int, message: str = "boom", causes=None) -> ApiException:
@@ -135,3 +139,17 @@ def test_trainjob_status_classification():
     )
     assert (failed.phase, failed.reason) == (Phase.FAILED, "DeadlineExceeded")
     assert trainjob_status(obj([{"type": "Suspended", "status": "True", "reason": "Suspended"}])).phase is Phase.SUSPENDED
+
+
+def test_each_submitted_job_keeps_the_runtime_it_was_rendered_for(monkeypatch):
+    backend = KubernetesBackend(client.ApiClient(), namespace="ns")
+    monkeypatch.setattr(backend.lifecycle, "submit", lambda m, ns: Submission(JobRef(ns, m["metadata"]["name"], "u"), adopted=False))
+    mpi = RuntimeInfo(name="mpi", kind="ClusterTrainingRuntime", api_version="v2.2", replicated_jobs=(("launcher", 1), ("node", 2)))
+    torch = RuntimeInfo(name="torch", kind="ClusterTrainingRuntime", api_version="v2.2", replicated_jobs=(("node", 4),))
+    backend.runtime = mpi  # as resolve_runtime leaves it
+    first = backend.submit({"metadata": {"name": "a"}}).ref
+    backend.runtime = torch  # the same backend prepares a second job
+    second = backend.submit({"metadata": {"name": "b"}}).ref
+    assert backend._runtime(first) is mpi and backend._runtime(second) is torch
+    backend.release(first)
+    assert backend._runtime(first) is torch  # forgotten once released

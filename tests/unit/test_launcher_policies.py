@@ -12,68 +12,21 @@ import threading
 
 import pytest
 
-from kfp_trainer.backends.base import Blocker, JobRef, JobStatus, LogLine, Phase, RuntimeInfo, Submission
+from kfp_trainer.backends.base import Blocker
 from kfp_trainer.errors import CancelledError, CannotStartError, JobFailedError, TimeLimitError
+from kfp_trainer.jobstatus import JobStatus, Phase
 from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.spec import TrainJobInputs
+from tests.fakes import FakeBackend, FakeClock, fresh_stop_signals  # noqa: F401  (a fixture)
 
 INPUTS = TrainJobInputs(run_id="run-1", task_name="train", namespace="ns")
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
+class ScriptedBackend(FakeBackend):
+    """The shared fake with an ``on_watch`` hook (kept for the tests that read better with it)."""
 
-    def __call__(self) -> float:
-        return self.now
-
-
-class ScriptedBackend:
-    """Yields a scripted list of statuses; each heartbeat advances the fake clock."""
-
-    def __init__(self, script, clock, *, blockers=(), lines=(), on_watch=None) -> None:
-        self.script = list(script)
-        self.clock = clock
-        self.blocker_list = list(blockers)
-        self.lines = list(lines)
-        self.deleted: list[JobRef] = []
-        self.on_watch = on_watch
-
-    def default_namespace(self) -> str:
-        return "ns"
-
-    def resolve_runtime(self, inputs):
-        return RuntimeInfo(name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", replicated_jobs=(("node", 1),))
-
-    def submit(self, manifest):
-        return Submission(JobRef("ns", manifest["metadata"]["name"], "uid-1"), adopted=False)
-
-    def watch(self, ref):
-        if self.on_watch:
-            self.on_watch()
-        for item in self.script:
-            if isinstance(item, (int, float)):
-                self.clock.now += item
-                yield None
-            else:
-                yield item
-
-    def blockers(self, ref):
-        return list(self.blocker_list)
-
-    def follow_logs(self, ref, *, nodes, sink, stop):
-        for line in self.lines:
-            sink(LogLine("node-0", line))
-        stop.wait(60)  # like a real follower: until the launcher says the job is over
-
-    def diagnose(self, ref, *, tail=40):
-        return "Pods:\n  x-node-0-0: Failed"
-
-    def delete(self, ref, *, wait=30.0):
-        self.deleted.append(ref)
-
-    def inspect_hint(self, ref):
-        return "  kubectl get trainjob"
+    def __init__(self, script, clock, *, on_watch=None, **kwargs) -> None:
+        super().__init__(script, clock, hooks={"watch": on_watch}, **kwargs)
 
 
 def launch(backend, clock, **options):

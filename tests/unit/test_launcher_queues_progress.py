@@ -7,8 +7,9 @@ import threading
 import pytest
 from test_launcher_policies import INPUTS, FakeClock, ScriptedBackend, launch
 
-from kfp_trainer.backends.base import Blocker, JobStatus, LogLine, Phase
+from kfp_trainer.backends.base import Blocker, LogLine
 from kfp_trainer.errors import CannotStartError, TimeLimitError
+from kfp_trainer.jobstatus import JobStatus, Phase
 
 QUEUED = INPUTS.model_copy(update={"queue_name": "team-q", "suspend": True})
 
@@ -22,18 +23,6 @@ def progress(pct: int, **metrics: str) -> JobStatus:
     if metrics:
         status["metrics"] = [{"name": k, "value": v} for k, v in metrics.items()]
     return JobStatus(Phase.RUNNING, raw={"trainerStatus": status})
-
-
-class QueueBackend(ScriptedBackend):
-    """Also says what Kueue says about the job's Workload, as the Kubernetes backend does."""
-
-    def __init__(self, *args, notes=(), **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.notes = list(notes)
-
-    def queue_notes(self, ref):
-        out, self.notes = self.notes[:1], self.notes[1:]
-        return out
 
 
 def test_a_long_wait_in_the_queue_does_not_count_against_start_timeout():
@@ -90,7 +79,7 @@ def test_what_the_queue_says_is_logged_once_each_while_queued():
     clock = FakeClock()
     notes = ["Pending: couldn't assign flavors to pod set node: insufficient quota for cpu", "QuotaReserved: Quota reserved"]
     script = [suspended()] + [5] * 6 + [JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED)]
-    launcher, out = launch(QueueBackend(script, clock, notes=notes), clock)
+    launcher, out = launch(ScriptedBackend(script, clock, queue=notes), clock)
     launcher.run(QUEUED)
     text = out.getvalue()
     assert text.count("queue team-q: Pending: couldn't assign flavors to pod set node: insufficient quota for cpu") == 1
@@ -143,7 +132,7 @@ def test_a_preempted_job_waits_to_be_readmitted_its_suspension_counted_apart_and
     clock = FakeClock()
     note = "Preempted: preempted by TrainJob ns/urgent in ClusterQueue team-cq (prioritization in the ClusterQueue)"
     script = [JobStatus(Phase.RUNNING), 20, suspended()] + [5] * 12 + [JobStatus(Phase.PENDING), JobStatus(Phase.RUNNING), 30]
-    launcher, out = launch(QueueBackend(script + [JobStatus(Phase.SUCCEEDED)], clock, notes=[note]), clock, run_timeout=55)
+    launcher, out = launch(ScriptedBackend(script + [JobStatus(Phase.SUCCEEDED)], clock, queue=[note]), clock, run_timeout=55)
     outcome = launcher.run(QUEUED)  # 50 s running in all: under run_timeout, the 60 s suspended left out
     assert outcome.succeeded and outcome.preemptions == 1
     assert outcome.times == {"queued": 0.0, "starting": 0.0, "running": 50.0, "preempted": 60.0}
@@ -164,7 +153,7 @@ def test_queue_timeout_bounds_the_wait_for_readmission_too():
     assert len(backend.deleted) == 1 and 140 < clock.now <= 150
 
 
-class PrintsBeforeReady(QueueBackend):
+class PrintsBeforeReady(ScriptedBackend):
     """The trainer prints while its pod is not Ready yet (the job still Pending), then Kueue preempts it."""
 
     def __init__(self, *args, **kwargs) -> None:

@@ -6,8 +6,8 @@ import threading
 import time
 
 from kfp_trainer.backends.base import LogLine
-from kfp_trainer.launcher import _Printer
 from kfp_trainer.metrics import MetricSeries
+from kfp_trainer.relay import Printer
 
 
 class Pipe:
@@ -39,7 +39,7 @@ def wait_for(check, timeout: float = 10.0) -> bool:
 
 def test_a_lone_line_reaches_the_log_without_waiting_for_the_end():
     pipe = Pipe()
-    printer = _Printer(pipe, MetricSeries(), False, lambda: None)
+    printer = Printer(pipe, MetricSeries(), False, lambda: None)
     printer(LogLine("node-0", "epoch 1 loss=0.5"))
     assert wait_for(lambda: "epoch 1 loss=0.5\n" in pipe.flushed)
     printer.close()
@@ -48,7 +48,7 @@ def test_a_lone_line_reaches_the_log_without_waiting_for_the_end():
 def test_a_burst_of_lines_is_written_in_few_flushes_and_close_flushes_the_rest():
     pipe = Pipe()
     metrics = MetricSeries()
-    printer = _Printer(pipe, metrics, True, lambda: None)
+    printer = Printer(pipe, metrics, True, lambda: None)
     lines = [f"step={i} loss={1 / (i + 1):.4f}" for i in range(10_000)]
     for line in lines:
         printer(LogLine("node-1", line))
@@ -60,7 +60,7 @@ def test_a_burst_of_lines_is_written_in_few_flushes_and_close_flushes_the_rest()
 
 def test_close_leaves_no_flushing_thread_behind():
     before = set(threading.enumerate())
-    printer = _Printer(Pipe(), MetricSeries(), False, lambda: None)
+    printer = Printer(Pipe(), MetricSeries(), False, lambda: None)
     printer(LogLine("node-0", "x"))
     printer.close()
     assert [t.name for t in set(threading.enumerate()) - before] == []

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kfp_trainer.backends.kube.logs import format_since, parse_timestamp
+from kfp_trainer.timestamps import parse_timestamp, rfc3339
 
 
 @pytest.fixture(params=["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"])
@@ -39,7 +39,7 @@ def test_timestamps_mean_the_same_instant_in_any_local_zone(local_zone, stamp):
     expected = calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S"))
     fraction = stamp[20:-1] if "." in stamp else ""
     assert parse_timestamp(stamp) == (expected, int(fraction.ljust(9, "0")) if fraction else 0)
-    assert format_since(parse_timestamp(stamp)) == whole + "Z"
+    assert rfc3339(parse_timestamp(stamp)[0]) == whole + "Z"
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-from kfp_trainer.backends.base import JobRef, Phase
+from kfp_trainer.jobstatus import JobRef, Phase
 from kfp_trainer.metrics import MetricSeries
 from kfp_trainer.report import downsample, outcome_data, render_html, render_markdown, svg_chart
 

@@ -36,10 +36,12 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from ...errors import UserError
+from ...jobstatus import JobRef
 from ...spec import GROUP, PLURAL, VERSION
-from ..base import Blocker, JobRef
+from ..base import Blocker
 from .api import RetryPolicy, call
 from .cache import ObjectCache
+from .leftovers import JOBSET_LABEL
 
 IMAGE_ERRORS = {
     "ErrImagePull": False,
@@ -59,7 +61,6 @@ CANNOT_START_EVENTS = {
     "HeadlessServiceCreationFailed": "JobSet",
     "FailedCreate": "Job",
 }
-JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 _JOB_SUFFIX = re.compile(r"^-[a-z0-9]([-a-z0-9]*[a-z0-9])?-\d+$")
 _WORKLOAD_HASH = re.compile(r"[0-9a-f]{5}")
 _PREEMPTED = re.compile(r"JobUID: (?P<job>[^)\s]+)\) due to (?P<why>[^;]+); preemptor path: (?P<path>[^;]+)")

@@ -28,9 +28,10 @@ from kubernetes.client import ApiClient
 
 from ... import cancel
 from ...errors import DeletionTimeoutError, ForbiddenError, OwnershipError, RejectedError, UserError
+from ...jobstatus import JobRef, Phase
 from ...spec import GROUP, LABEL_DIGEST, LABEL_RUN, LABEL_SCOPE, LABEL_TASK, PLURAL, VERSION
 from .. import owner
-from ..base import JobRef, Phase, Submission, check_ownership, trainjob_status
+from ..base import Submission, check_ownership, trainjob_status
 from ..owner import describe
 from .api import Conflict, NotFound, RetryPolicy, call
 from .discovery import version_mismatch
@@ -38,7 +39,7 @@ from .leftovers import JOBSET_LABEL, Leftover, leftovers_message
 from .watch import wait_gone
 
 log = logging.getLogger(__name__)
-CREATE_TIMEOUT = (10, 20)  # a create is deferred against stop signals: keep it short
+CREATE_TIMEOUT = (10, 20)  # a stop signal waits for the create's answer: keep it short
 # The Job controller can replace pods it saw go for a Job already deleted (its cache lags the
 # deletion): those orphans appear a moment after the last pod went, and the garbage collector
 # removes them. Once no pod is left, look again after this many seconds and wait for any such.
@@ -75,9 +76,11 @@ class Lifecycle:
         attempts = []
 
         def attempt(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            cancel.check()  # before each attempt: a cancel after an unanswered one is reclaimed by the caller
             attempts.append(1)
-            with cancel.deferred():  # the cancel then knows whether the job exists, and deletes it
-                return self.custom.create_namespaced_custom_object(*args, **kwargs)
+            created = self.custom.create_namespaced_custom_object(*args, **kwargs)  # a stop signal waits for the answer
+            cancel.check()  # then the caller finds the job by name and deletes it
+            return created
 
         name = manifest["metadata"]["name"]
         try:
@@ -92,6 +95,7 @@ class Lifecycle:
                 _request_timeout=CREATE_TIMEOUT,
                 what=f"create TrainJob {namespace}/{name}",
                 policy=self.policy,
+                sleep=cancel.sleep,
             )
         except Conflict as e:
             if len(attempts) > 1:  # an earlier attempt got no answer: it may have made the job
@@ -287,11 +291,11 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ delete
     def _delete_for_replace(self, ref: JobRef, *, tree: bool) -> None:
-        left = self.delete(ref, wait=self.replace_timeout, tree=tree)
+        left = self.delete(ref, wait=self.replace_timeout, tree=tree, cancellable=True)  # a cancel ends the wait: nothing new is made
         self._refuse_to_create_over(ref, left)
 
     def _wait_gone_for_replace(self, ref: JobRef, *, tree: bool) -> None:
-        left = self._wait_tree(ref, time.monotonic() + self.replace_timeout, tree=tree)
+        left = self._wait_tree(ref, time.monotonic() + self.replace_timeout, tree=tree, cancellable=True)
         self._refuse_to_create_over(ref, left)
 
     def _refuse_to_create_over(self, ref: JobRef, left: list[Leftover]) -> None:
@@ -304,13 +308,14 @@ class Lifecycle:
                 + "\nRetry the step once it is gone."
             )
 
-    def delete(self, ref: JobRef, *, wait: float = 30.0, tree: bool = True) -> list[Leftover]:
+    def delete(self, ref: JobRef, *, wait: float = 30.0, tree: bool = True, cancellable: bool = False) -> list[Leftover]:
         """Delete the TrainJob (background propagation); wait, bounded, until it and what it owns are gone.
 
         Args:
             ref: The job; with a uid, a newer object of the same name is never deleted.
             wait: Seconds to wait in all.
             tree: Also wait for its JobSet, Jobs and pods (else only the TrainJob).
+            cancellable: A stop signal ends the wait (to replace a job, not to clean up after a cancel).
 
         Returns:
             What is still there when waiting ended (empty when everything is gone).
@@ -333,9 +338,9 @@ class Lifecycle:
             pass
         except Conflict:  # the precondition failed: another object has the name now, ours is gone
             return []
-        return self._wait_tree(ref, deadline, tree=tree)
+        return self._wait_tree(ref, deadline, tree=tree, cancellable=cancellable)
 
-    def _wait_tree(self, ref: JobRef, deadline: float, *, tree: bool) -> list[Leftover]:
+    def _wait_tree(self, ref: JobRef, deadline: float, *, tree: bool, cancellable: bool = False) -> list[Leftover]:
         ns, name = ref.namespace, ref.name
         stages: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("TrainJob", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}", [("fieldSelector", f"metadata.name={name}")]),
@@ -351,10 +356,14 @@ class Lifecycle:
         for kind, path, selectors in stages:
             keep = (lambda o: not ref.uid or o["metadata"].get("uid") == ref.uid) if kind == "TrainJob" else (lambda o: True)
             try:
-                still = wait_gone(self.api, path, selectors, timeout=max(0.0, deadline - time.monotonic()), keep=keep)
+                def gone() -> list[dict[str, Any]]:
+                    left = max(0.0, deadline - time.monotonic())
+                    return wait_gone(self.api, path, selectors, timeout=left, keep=keep, cancellable=cancellable)  # noqa: B023
+
+                still = gone()
                 if kind == "Pod" and not still and deadline > time.monotonic():
                     time.sleep(min(POD_SETTLE, deadline - time.monotonic()))
-                    still = wait_gone(self.api, path, selectors, timeout=max(0.0, deadline - time.monotonic()), keep=keep)
+                    still = gone()
             except ForbiddenError as e:  # not allowed to look: cannot tell, say nothing wrong
                 log.info("cannot check the %ss of TrainJob %s: %s", kind, ref, e)
                 continue

@@ -24,10 +24,8 @@ A ``403`` on ``pods/log`` is reported once, naming the missing permission, and e
 
 from __future__ import annotations
 
-import calendar
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +34,7 @@ import urllib3
 from kubernetes.client import ApiClient
 
 from ...errors import ForbiddenError, KfpTrainerError
+from ...timestamps import Timestamp, parse_timestamp, rfc3339
 from ..base import LogLine, LogSink
 from .api import NotFound, RetryPolicy, call, request
 from .cache import ObjectCache
@@ -43,58 +42,6 @@ from .watch import lines, shutdown
 
 log = logging.getLogger(__name__)
 CONTAINER = "node"
-Timestamp = tuple[int, int]  # (seconds since epoch, nanoseconds)
-_seconds: dict[bytes, int] = {}  # "YYYY-MM-DDTHH:MM:SS" -> seconds since the epoch
-
-
-def parse_timestamp(text: str | bytes) -> Timestamp | None:
-    """``2026-01-02T03:04:05.123Z`` (UTC) -> (epoch seconds, nanoseconds); None if not a timestamp.
-
-    Runs once per relayed line: the date and time of day are parsed once per second of log.
-
-    Example:
-        >>> parse_timestamp("1970-01-02T00:00:01.5Z")
-        (86401, 500000000)
-    """
-    raw = text.encode() if isinstance(text, str) else text
-    if len(raw) < 20 or raw[-1:] != b"Z":
-        return None
-    whole = raw[:19]
-    base = _seconds.get(whole)
-    if base is None:
-        base = _second(whole)
-        if base is None:
-            return None
-    if len(raw) == 20:
-        return base, 0
-    fraction = raw[20:-1]
-    if raw[19:20] != b"." or not (fraction.isdigit() or not fraction):
-        return None
-    return base, int(fraction[:9].ljust(9, b"0")) if fraction else 0
-
-
-def _second(whole: bytes) -> int | None:
-    """Seconds since the epoch of ``YYYY-MM-DDTHH:MM:SS`` (UTC); None when it is not that."""
-    if whole[4:5] != b"-" or whole[7:8] != b"-" or whole[10:11] != b"T" or whole[13:14] != b":" or whole[16:17] != b":":
-        return None
-    fields = (whole[0:4], whole[5:7], whole[8:10], whole[11:13], whole[14:16], whole[17:19])
-    if not all(f.isdigit() for f in fields):
-        return None
-    year, month, day, hour, minute, second = (int(f) for f in fields)
-    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60):
-        return None
-    value = calendar.timegm((year, month, day, hour, minute, 0, 0, 0, 0)) + second
-    if len(_seconds) > 4096:
-        _seconds.clear()
-    _seconds[whole] = value
-    return value
-
-
-def format_since(ts: Timestamp) -> str:
-    """RFC 3339 (second precision, as the API's sinceTime takes it) for ``ts``."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts[0]))
-
-
 @dataclass
 class _Cursor:
     """Position in a container's log: the last timestamp shown and lines shown at it."""
@@ -230,7 +177,7 @@ class NodeLogFollower:
         if previous:
             query.append(("previous", "true"))
         if cursor.last is not None:
-            query.append(("sinceTime", format_since(cursor.last)))
+            query.append(("sinceTime", rfc3339(cursor.last[0])))
         path = f"/api/v1/namespaces/{self.namespace}/pods/{pod}/log"
         timeout = (10, self.read_timeout if follow else 60)
         response = call(request, self.api, path, query, timeout=timeout, stream=True, what=f"read the log of pod {pod}", policy=self.policy)

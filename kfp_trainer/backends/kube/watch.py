@@ -20,6 +20,8 @@ Small layers, each with one job:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import math
@@ -28,11 +30,13 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import urllib3
 from kubernetes.client import ApiClient
 
+from ... import cancel
 from ...errors import InfraError, KfpTrainerError, RejectedError, UserError
 from .api import TRANSIENT, Gone, NotFound, RetryPolicy, call, request, translate
 
@@ -177,52 +181,27 @@ def watch(
             instead of two); the ``LIST`` event comes once the current objects are in.
     """
     handle = handle or Handle()
-    version = resource_version
+    at = _Position(resource_version)
     failures = 0
     delays = policy.delays()
     while not handle.closed:
         try:
-            initial: list[dict[str, Any]] | None = None  # the current objects of a streaming list, until its end
-            if version is None:
-                if not initial_events or api in _LISTS_ONLY:
-                    items, version = list_objects(api, path, selectors, policy=policy)
-                    _count("list")
-                    yield "LIST", {"items": items}
-                    continue
-                initial = []
-                try:
-                    response = open_stream(api, path, [*selectors, *INITIAL_EVENTS], "", timeout_seconds)
-                except TRANSIENT as e:
-                    if not isinstance(translate(e, f"watch {path}"), RejectedError):
-                        raise
-                    log.info("watch %s: the server refused a streaming list; listing", path)
-                    _LISTS_ONLY.add(api)
-                    _count("refused")
-                    continue
-            else:
-                response = open_stream(api, path, selectors, version, timeout_seconds)
+            if at.version is None and (not initial_events or api in _LISTS_ONLY):
+                items, at.version = list_objects(api, path, selectors, policy=policy)
+                _count("list")
+                yield "LIST", {"items": items}
+                continue
+            response = _open(api, path, selectors, at, timeout_seconds)
+            if response is None:  # the server refused a streaming list: a list request next
+                continue
             failures = 0  # the server answered: whatever came before was not a lasting failure
             handle.attach(response)
-            for kind, obj in decode(response):
-                if kind == "ERROR":
-                    _raise_error_event(path, obj)
-                if initial is not None:  # the objects' own versions are no point to resume from
-                    if kind == "ADDED":
-                        initial.append(obj)
-                    elif kind == "BOOKMARK" and ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
-                        version = _version(obj, "") or None
-                        _count("streaming")
-                        yield "LIST", {"items": initial}
-                        initial = None
-                    continue
-                version = _version(obj, version)
-                if kind != "BOOKMARK":
-                    yield kind, obj
+            yield from _stream(path, response, at)
             if not handle.closed:
                 yield None
         except Gone as e:
             log.info("watch %s: %s; relisting", path, e)
-            version = None
+            at.version = None
         except KfpTrainerError:  # mapped already (e.g. 403 on the list): not a dropped stream
             raise
         except STREAM_ERRORS as e:
@@ -233,11 +212,55 @@ def watch(
             error = translate(e, f"watch {path}")
             if isinstance(error, Gone):
                 log.info("watch %s: %s; relisting", path, error)
-                version = None
+                at.version = None
                 continue
             if not isinstance(error, InfraError):
                 raise error from e
             failures = _backoff(path, e, failures, delays, sleep)
+
+
+@dataclass
+class _Position:
+    """Where a watch stands: the version to resume from, and a streaming list's objects until its end."""
+
+    version: str | None
+    initial: list[dict[str, Any]] | None = None
+
+
+def _open(api: ApiClient, path: str, selectors: list[tuple[str, str]], at: _Position, timeout_seconds: int) -> Any:
+    """Open the next stream: from ``at.version``, or a streaming list; None when the server refuses the latter."""
+    if at.version is not None:
+        at.initial = None
+        return open_stream(api, path, selectors, at.version, timeout_seconds)
+    at.initial = []
+    try:
+        return open_stream(api, path, [*selectors, *INITIAL_EVENTS], "", timeout_seconds)
+    except TRANSIENT as e:
+        if not isinstance(translate(e, f"watch {path}"), RejectedError):
+            raise
+        log.info("watch %s: the server refused a streaming list; listing", path)
+        _LISTS_ONLY.add(api)
+        _count("refused")
+        return None
+
+
+def _stream(path: str, response: Any, at: _Position) -> Iterator[Event]:
+    """The events of one open stream, ``at`` kept current; a streaming list becomes one ``LIST``."""
+    for kind, obj in decode(response):
+        if kind == "ERROR":
+            _raise_error_event(path, obj)
+        if at.initial is not None:  # the objects' own versions are no point to resume from
+            if kind == "ADDED":
+                at.initial.append(obj)
+            elif kind == "BOOKMARK" and ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                at.version = _version(obj, "") or None
+                items, at.initial = at.initial, None
+                _count("streaming")
+                yield "LIST", {"items": items}
+            continue
+        at.version = _version(obj, at.version or "")
+        if kind != "BOOKMARK":
+            yield kind, obj
 
 
 def _backoff(path: str, error: BaseException, failures: int, delays: list[float], sleep: Callable[[float], None]) -> int:
@@ -262,6 +285,7 @@ def wait_gone(
     keep: Callable[[dict[str, Any]], bool] = lambda obj: True,
     policy: RetryPolicy = RetryPolicy(attempts=3),
     clock: Callable[[], float] = time.monotonic,
+    cancellable: bool = False,
 ) -> list[dict[str, Any]]:
     """Wait (at most ``timeout`` seconds, with one watch) until no object at ``path`` matches.
 
@@ -273,17 +297,22 @@ def wait_gone(
         keep: Which of the listed objects to wait for (e.g. the one with a given uid).
         policy: Retries of the list.
         clock: Injected for tests.
+        cancellable: A stop signal ends the wait at once (:class:`CancelledError`); a
+            deletion's own wait is not, it runs to its end.
 
     Returns:
         The objects still there when the time ran out (empty when all are gone).
 
     Raises:
         KfpTrainerError: The list itself failed (e.g. ForbiddenError).
+        CancelledError: ``cancellable``, and a stop signal came.
     """
     deadline = clock() + timeout
     present: dict[str, dict[str, Any]] = {}
     version: str | None = None
     while True:
+        if cancellable:
+            cancel.check()
         try:
             if version is None:
                 try:
@@ -296,16 +325,18 @@ def wait_gone(
             left = deadline - clock()
             if left <= 0:
                 return list(present.values())
-            for kind, obj in decode(open_stream(api, path, selectors, version, math.ceil(left))):
-                if kind == "ERROR":
-                    _raise_error_event(path, obj)
-                version = _version(obj, version)
-                if kind == "DELETED":
-                    present.pop(_key(obj), None)
-                elif kind in ("ADDED", "MODIFIED") and keep(obj):
-                    present[_key(obj)] = obj
-                if not present:
-                    return []
+            response = open_stream(api, path, selectors, version, math.ceil(left))
+            with cancel.closing(functools.partial(shutdown, response)) if cancellable else contextlib.nullcontext():
+                for kind, obj in decode(response):
+                    if kind == "ERROR":
+                        _raise_error_event(path, obj)
+                    version = _version(obj, version)
+                    if kind == "DELETED":
+                        present.pop(_key(obj), None)
+                    elif kind in ("ADDED", "MODIFIED") and keep(obj):
+                        present[_key(obj)] = obj
+                    if not present:
+                        return []
         except Gone:
             version = None
         except UserError:

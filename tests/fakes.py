@@ -1,0 +1,187 @@
+"""One fake of the :class:`~kfp_trainer.backends.base.Backend` contract, for the unit tests.
+
+It plays one job from a script -- statuses, and numbers that advance a fake clock by that
+many seconds and stand for a heartbeat -- records every call, and runs a hook at the moments
+a test wants to act on (send a signal, raise): ``prepare``, ``create``, ``watch``,
+``diagnose``, ``delete``. Tests subclass it to change one part (what submit writes, the log).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from kfp_trainer import cancel
+from kfp_trainer.backends.base import Backend, Blocker, LogLine, LogSink, RuntimeInfo, Submission
+from kfp_trainer.jobstatus import JobRef, JobStatus
+
+
+@pytest.fixture(autouse=True)
+def fresh_stop_signals() -> Iterator[None]:
+    """Each test starts as a new process does: no stop-signal handlers of ours, nothing recorded.
+
+    A step's entry point leaves its handlers installed (the process ends after it), so an
+    earlier test that ran one would otherwise hand its record to the next. Import it into a
+    test module to use it there.
+    """
+    cancel.uninstall()
+    yield
+    cancel.uninstall()
+
+
+class FakeClock:
+    """A clock the script moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeBackend(Backend):
+    """A backend that plays one job; see the module docstring.
+
+    Args:
+        script: Statuses to yield, and numbers (seconds the clock moves; a heartbeat).
+        clock: The fake clock the numbers move.
+        blockers: What :meth:`blockers` reports, every time.
+        lines: The trainer's log lines.
+        idle: After the script, heartbeats until the launcher stops (else the watch ends).
+        hold_logs: The log follower waits for ``stop`` after its lines, as a real one does.
+        notes: The submission's notes.
+        queue: What the queue says, one note per :meth:`queue_notes` call.
+        left: What :meth:`delete` reports as left.
+        hooks: ``name -> callable`` run at that moment (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        script: list[Any] | tuple[Any, ...] = (),
+        clock: FakeClock | None = None,
+        *,
+        blockers: list[Blocker] | tuple[Blocker, ...] = (),
+        lines: list[str] | tuple[str, ...] = (),
+        idle: bool = False,
+        hold_logs: bool = True,
+        notes: tuple[str, ...] = (),
+        queue: list[str] | tuple[str, ...] = (),
+        left: str = "",
+        namespace: str = "ns",
+        nodes: int = 1,
+        api_version: str = "v2.2",
+        hooks: dict[str, Callable[[], None] | None] | None = None,
+    ) -> None:
+        self.script = list(script)
+        self.clock = clock or FakeClock()
+        self.blocker_list = list(blockers)
+        self.lines = list(lines)
+        self.idle = idle
+        self.hold_logs = hold_logs
+        self.notes = notes
+        self.queue = list(queue)
+        self.left = left
+        self.namespace = namespace
+        self.nodes = nodes
+        self.api_version = api_version
+        self.hooks = dict(hooks or {})
+        self.calls: list[tuple[str, Any]] = []
+        self.submitted: list[dict[str, Any]] = []
+        self.deleted: list[JobRef] = []
+        self.reclaimed: list[str] = []
+        self.released: list[JobRef] = []
+        self.exists = False
+        self.delete_finished = False
+
+    @property
+    def writes(self) -> list[tuple[str, Any]]:
+        """The calls that would change a cluster."""
+        return [c for c in self.calls if c[0] in ("submit", "delete")]
+
+    def _hook(self, name: str) -> None:
+        hook = self.hooks.get(name)
+        if hook is not None:
+            hook()
+
+    def default_namespace(self) -> str:
+        return self.namespace
+
+    def runtime_info(self, inputs: Any) -> RuntimeInfo:
+        """The runtime :meth:`resolve_runtime` reports (a subclass may add initializers)."""
+        return RuntimeInfo(
+            name=inputs.runtime, kind=inputs.runtime_kind, api_version=self.api_version,  # type: ignore[arg-type]
+            replicated_jobs=(("node", self.nodes),),
+        )  # fmt: skip
+
+    def resolve_runtime(self, inputs: Any) -> RuntimeInfo:
+        self.calls.append(("resolve_runtime", inputs.runtime))
+        self._hook("prepare")
+        return self.runtime_info(inputs)
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        """What the create request does (a subclass may write files)."""
+
+    def submit(self, manifest: dict[str, Any], *, runtime: Any = None) -> Submission:
+        name = manifest["metadata"]["name"]
+        self.calls.append(("submit", name))
+        self.submitted.append(copy.deepcopy(manifest))
+        self._hook("create")  # while the create request is in flight
+        self.create(manifest)
+        self.exists = True
+        cancel.check()  # as the Kubernetes backend once its create request returned
+        return Submission(JobRef(manifest["metadata"].get("namespace") or self.namespace, name, "uid-1"), adopted=False, notes=self.notes)
+
+    def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
+        self.reclaimed.append(manifest["metadata"]["name"])
+        if not self.exists:
+            return None
+        self.exists = False
+        return f"deleted TrainJob {self.namespace}/{manifest['metadata']['name']}"
+
+    def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
+        self._hook("watch")
+        for item in self.script:
+            if isinstance(item, (int, float)):
+                self.clock.now += item
+                yield None
+            else:
+                yield item
+        while self.idle:
+            time.sleep(0.01)
+            yield None
+
+    def blockers(self, ref: JobRef) -> list[Blocker]:
+        return list(self.blocker_list)
+
+    def queue_notes(self, ref: JobRef) -> list[str]:
+        out, self.queue = self.queue[:1], self.queue[1:]
+        return out
+
+    def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
+        for line in self.lines:
+            sink(LogLine("node-0", line))
+        if self.hold_logs:
+            stop.wait(60)  # like a real follower: until the launcher says the job is over
+
+    def diagnose(self, ref: JobRef, *, tail: int = 40) -> str:
+        self._hook("diagnose")
+        return "Pods:\n  x-node-0-0: Failed"
+
+    def delete(self, ref: JobRef, *, wait: float = 30.0) -> str:
+        self.calls.append(("delete", ref.name))
+        self.deleted.append(ref)
+        self._hook("delete")
+        self.exists = False
+        self.delete_finished = True
+        return self.left
+
+    def release(self, ref: JobRef) -> None:
+        self.released.append(ref)
+
+    def inspect_hint(self, ref: JobRef) -> str:
+        return f"  kubectl get trainjob -n {ref.namespace} {ref.name}"
