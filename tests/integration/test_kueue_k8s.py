@@ -132,7 +132,7 @@ def test_queue_timeout_still_bounds_the_wait_and_leaves_nothing(api_client, name
     with pytest.raises(TimeLimitError, match=f"waited in queue {queue.local} longer than queue_timeout=4s") as info:
         launcher.run(inp)
     assert info.value.reason == "QueueTimeout" and "insufficient unused quota" in out.getvalue()
-    nothing_left(api_client, namespace, launcher.prepare(inp)[0]["metadata"]["name"])
+    nothing_left(api_client, namespace, launcher.prepare(inp).manifest["metadata"]["name"])
 
 
 def test_more_than_the_queue_can_ever_give_fails_in_seconds_with_kueues_reason(api_client, namespace, queue):
@@ -149,7 +149,7 @@ def test_more_than_the_queue_can_ever_give_fails_in_seconds_with_kueues_reason(a
     message = str(info.value)
     assert "cannot start: InsufficientQuota: Workload" in message and "more than its ClusterQueue can ever admit" in message
     assert f"insufficient quota for nvidia.com/gpu in flavor {queue.flavor}" in message and "> maximum capacity (8)" in message
-    nothing_left(api_client, namespace, launcher.prepare(inp)[0]["metadata"]["name"])
+    nothing_left(api_client, namespace, launcher.prepare(inp).manifest["metadata"]["name"])
 
 
 def test_a_preempted_job_waits_is_readmitted_and_succeeds_as_the_same_trainjob(
@@ -264,4 +264,4 @@ def test_kueue_drops_a_v23_pod_patch_field_at_admission_and_the_step_fails_fast_
         launcher.run(inp)
     assert time.monotonic() - began < 90 and "field is immutable" in str(info.value)
     assert "admitted after" in out.getvalue()
-    nothing_left(api_client, namespace, launcher.prepare(inp)[0]["metadata"]["name"])
+    nothing_left(api_client, namespace, launcher.prepare(inp).manifest["metadata"]["name"])

@@ -77,7 +77,7 @@ def run(api, core, namespace: str, image: str, placement: dict, high: str) -> No
     launcher = Launcher(KubernetesBackend(api, namespace=namespace), LaunchOptions(start_timeout=240, run_timeout=300), out=out)
     thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
     thread.start()
-    name = launcher.prepare(inp)[0]["metadata"]["name"]
+    name = launcher.prepare(inp).manifest["metadata"]["name"]
     checkpoints = claim_folder(core, namespace) / ".checkpoints"
     wait_for(lambda: any(checkpoints.glob("step-*")), 240, what=f"a checkpoint in {checkpoints}:\n{out.getvalue()[-2000:]}", interval=0.5)
     uid = get_trainjob(api, namespace, name)["metadata"]["uid"]

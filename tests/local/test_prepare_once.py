@@ -43,6 +43,13 @@ def counted(monkeypatch):
         return real_build(*args, **kwargs)
 
     monkeypatch.setattr(LocalBackend, "resolve_runtime", resolve)
+    real_submit = LocalBackend.submit
+
+    def submit(self, manifest, *, runtime=None):
+        counts["submitted nodes"] = runtime.nodes if runtime is not None else None
+        return real_submit(self, manifest, runtime=runtime)
+
+    monkeypatch.setattr(LocalBackend, "submit", submit)
     for caller in ("validate", "render"):  # the two callers of the one builder
         monkeypatch.setattr(importlib.import_module(f"kfp_trainer.spec.{caller}"), "build", build)
     return counts
@@ -65,8 +72,7 @@ def test_a_train_job_step_reads_its_runtime_once_and_builds_its_manifest_at_most
         logs="0", delete_after_success=False, **step_outputs(tmp_path, backend),
     )  # fmt: skip
     assert outcome.succeeded
-    assert counted == {"runtime reads": 1, "manifest builds": 2}
-    assert backend.runtime is not None and backend.runtime.nodes == 2
+    assert counted == {"runtime reads": 1, "manifest builds": 2, "submitted nodes": 2}
 
 
 def test_a_function_step_reads_its_runtime_once_and_builds_its_manifest_at_most_twice(tmp_path, counted):
@@ -82,7 +88,7 @@ def test_a_function_step_reads_its_runtime_once_and_builds_its_manifest_at_most_
     assert (tmp_path / "model" / "model.txt").read_text() == "3"
     assert counted["runtime reads"] == 1
     assert counted["manifest builds"] <= 2
-    assert backend.runtime is not None and backend.runtime.nodes == 2  # the nodes the job asked for, not the runtime's default
+    assert counted["submitted nodes"] == 2  # the backend is told the nodes the job asked for, not the runtime's default
 
 
 class Submitted(Exception):
