@@ -16,11 +16,12 @@ from typing import Any
 import yaml
 
 from . import kwok, locks, objects
-from .binaries import Binaries, ClusterError, cache_root, trainer_manifests
+from .binaries import Binaries, ClusterError, cache_root
 from .components import Controllers, KubeletFront, PodScripting, parse_gates
 from .gc import GcProbe
 from .procs import read_pid, restart_kwokctl_component
 from .realnode import RealNode
+from .versions import DEFAULT_TRAINER_VERSION, trainer_dirs
 
 DEFAULT_CLUSTER_NAME = "kfp-trainer-test"
 KWOKCTL_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
@@ -49,6 +50,7 @@ class ClusterBase:
         audit_policy: Path | None = None,
         real_node: bool | None = None,
         real_node_wait: float | None = None,
+        trainer_version: str | None = None,
     ) -> None:
         """``unique``: name the cluster ``<name>-<pid>`` so concurrent test sessions never share
         (or delete) each other's cluster; clusters left by dead sessions are removed on start.
@@ -59,12 +61,19 @@ class ClusterBase:
         ``real_node``: also run the machine's real node (kubelet, containerd, CoreDNS:
         :mod:`.realnode`); default ``KFP_TRAINER_REAL_NODE`` (``0`` turns it off), on.
         ``real_node_wait``: seconds to wait for the real node while another cluster has it
-        (default ``KFP_TRAINER_REAL_NODE_WAIT`` or 600), then fail."""
+        (default ``KFP_TRAINER_REAL_NODE_WAIT`` or 600), then fail.
+        ``trainer_version``: the Kubeflow Trainer release the cluster runs (its controllers,
+        webhooks, CRDs and runtimes, with the JobSet release it was built with): ``v2.1.0``,
+        ``v2.2.1`` or ``v2.3.0`` (default ``KFP_TRAINER_VERSION`` or v2.3.0). ``trainer_dir``
+        (v2.3.0 only) overrides where its manifests are."""
         self.base_name = name or os.environ.get("KFP_TRAINER_CLUSTER_NAME", DEFAULT_CLUSTER_NAME)
         self.unique = unique
         self.root = Path(root) if root else cache_root() / "clusters"
         self._set_name(f"{self.base_name}-{os.getpid()}" if unique else self.base_name)
-        self.trainer_dir = Path(trainer_dir) if trainer_dir else trainer_manifests()
+        self.trainer_version = trainer_version or os.environ.get("KFP_TRAINER_VERSION") or DEFAULT_TRAINER_VERSION
+        self.trainer_dir, self.jobset_dir = trainer_dirs(self.trainer_version)
+        if trainer_dir:
+            self.trainer_dir = Path(trainer_dir)
         self.nodes = objects.DEFAULT_NODES if nodes is None else nodes
         if reuse is None:
             reuse = os.environ.get("KFP_TRAINER_REUSE_CLUSTER", "") in ("1", "true", "yes")
@@ -139,7 +148,7 @@ class ClusterBase:
             self.cluster_dir,
             self.root,
             self.name,
-            self._bin.controllers,
+            self._bin.controllers_for(self.trainer_version),
             p.webhooks,
             p.controllers_health,
             p.status_server,
@@ -238,10 +247,14 @@ class ClusterBase:
             return False
 
     def _save_state(self) -> None:
-        self.state_file.write_text(json.dumps({"ports": vars(self.ports), "feature_gates": self.feature_gates}))
+        state = {"ports": vars(self.ports), "feature_gates": self.feature_gates, "trainer_version": self.trainer_version}
+        self.state_file.write_text(json.dumps(state))
 
     def _load_state(self) -> None:
         state = json.loads(self.state_file.read_text())
+        running = state.get("trainer_version", DEFAULT_TRAINER_VERSION)
+        if running != self.trainer_version:
+            raise ClusterError(f"cluster {self.name} runs Trainer {running}, not {self.trainer_version}: stop it or use another name")
         self.ports = kwok.Ports(**state["ports"])
         if not self.feature_gates:
             self.feature_gates = state.get("feature_gates") or {}

@@ -28,16 +28,27 @@ class BinariesUnavailable(ClusterError):
 @dataclasses.dataclass(frozen=True)
 class Binaries:
     """The Kubernetes, etcd and kwok binaries (``bin_dir``), the controllers binary and the
-    real node's pieces: the kubelet, CoreDNS and the node images (``pause.tar``, ``probe.tar``)."""
+    real node's pieces: the kubelet, CoreDNS and the node images (``pause.tar``, ``probe.tar``).
+    ``controllers`` runs Trainer v2.3.0; ``older_controllers`` the older releases, by version."""
 
     bin_dir: Path
     controllers: Path
     kubelet: Path | None = None
     coredns: Path | None = None
     node_images: Path | None = None
+    older_controllers: dict[str, Path] = dataclasses.field(default_factory=dict)
 
     def __truediv__(self, name: str) -> Path:
         return self.bin_dir / name
+
+    def controllers_for(self, trainer_version: str) -> Path:
+        """The controllers binary of a Trainer release (``v2.3.0``: :attr:`controllers`)."""
+        if trainer_version == "v2.3.0":
+            return self.controllers
+        if trainer_version not in self.older_controllers:
+            built = ", ".join(["v2.3.0", *sorted(self.older_controllers)])
+            raise BinariesUnavailable(f"no controllers binary of Trainer {trainer_version} (hack/k8s/build.sh builds {built})")
+        return self.older_controllers[trainer_version]
 
 
 def cache_root() -> Path:
@@ -95,4 +106,5 @@ def binaries(build: bool = False, log: TextIO | None = None) -> Binaries:
     extra = {
         f: Path(named[k]) for f, k in (("kubelet", "KUBELET_BIN"), ("coredns", "COREDNS_BIN"), ("node_images", "NODE_IMAGES")) if k in named
     }
-    return Binaries(Path(lines[-1]), Path(controllers), **extra)
+    older = {k.removeprefix("CONTROLLERS_BIN_"): Path(v) for k, v in named.items() if k.startswith("CONTROLLERS_BIN_")}
+    return Binaries(Path(lines[-1]), Path(controllers), **extra, older_controllers=older)

@@ -19,9 +19,10 @@ USAGE = """\
 
     up --feature-gates TrainJobStatus=true   # gates of the Trainer/JobSet controllers
     up --no-real-node                        # without the real node (kubelet, containerd, CoreDNS)
+    up --trainer-version v2.1.0              # another Kubeflow Trainer release (v2.1.0, v2.2.1, v2.3.0)
 
 Environment: KFP_TRAINER_CACHE, KFP_TRAINER_CRDS_DIR, KFP_TRAINER_JOBSET_DIR,
-KFP_TRAINER_CLUSTER_NAME, KFP_TRAINER_FEATURE_GATES (see docs/controlplane.md).
+KFP_TRAINER_CLUSTER_NAME, KFP_TRAINER_FEATURE_GATES, KFP_TRAINER_VERSION (see docs/controlplane.md).
 """
 
 
@@ -31,11 +32,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--name", default=None)
     ap.add_argument("--feature-gates", default=None, help="Name=true,... for the Trainer/JobSet controllers")
     ap.add_argument("--no-real-node", action="store_true", help="up: start the cluster without the real node")
+    ap.add_argument("--trainer-version", default=None, help="up: the Kubeflow Trainer release (default KFP_TRAINER_VERSION or v2.3.0)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     gates = parse_gates(args.feature_gates) if args.feature_gates is not None else None
     real_node = False if args.no_real_node else None
-    c = TestCluster(args.name, reuse=True, verbose=args.verbose or args.command == "up", feature_gates=gates, real_node=real_node)
+    c = TestCluster(args.name, reuse=True, verbose=args.verbose or args.command == "up", feature_gates=gates, real_node=real_node,
+                    trainer_version=args.trainer_version)
     if args.command == "build":
         b = binaries(build=True, log=sys.stderr)
         print(b.bin_dir)
