@@ -37,8 +37,14 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     gates = parse_gates(args.feature_gates) if args.feature_gates is not None else None
     real_node = False if args.no_real_node else None
-    c = TestCluster(args.name, reuse=True, verbose=args.verbose or args.command == "up", feature_gates=gates, real_node=real_node,
-                    trainer_version=args.trainer_version)
+    c = TestCluster(
+        args.name,
+        reuse=True,
+        verbose=args.verbose or args.command == "up",
+        feature_gates=gates,
+        real_node=real_node,
+        trainer_version=args.trainer_version,
+    )
     if args.command == "build":
         b = binaries(build=True, log=sys.stderr)
         print(b.bin_dir)
