@@ -114,7 +114,9 @@ def test_every_rendered_variant_passes_the_releases_schema_and_webhooks(cluster,
         runtime = variant.get("runtime", "torch-distributed")
         jobs = backend.resolve_runtime(_inputs(namespace, runtime=runtime)).job_names
         m = spec.render(_inputs(namespace, task=f"v{i}", **variant), api_version=api_version, runtime_jobs=jobs)
-        custom.create_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, spec.PLURAL, m, field_validation="Strict", dry_run="All")
+        custom.create_namespaced_custom_object(
+            spec.GROUP, spec.VERSION, namespace, spec.PLURAL, m, field_validation="Strict", dry_run="All"
+        )
 
 
 def test_a_function_trainer_runs_on_the_release(cluster, api_client, namespace):
