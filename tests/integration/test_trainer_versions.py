@@ -56,6 +56,7 @@ def cluster(request):
         unique=True,
         real_node=False,
         trainer_version=version,
+        feature_gates={},
         verbose=os.environ.get("KFP_TRAINER_CLUSTER_VERBOSE", "") == "1",
     )
     t0 = time.monotonic()
