@@ -2,7 +2,7 @@
 // with their admission webhooks, in one controller-runtime manager for the test control
 // plane. The variant of ../main.go (Trainer v2.3.0) for the APIs of that release: no
 // feature gates of the Trainer and no status server (--status-server-port is accepted
-// and unused), no TrainJob defaulting webhook, config.Load takes enableHTTP2, the
+// and unused), no TrainJob defaulting webhook, no config.Load (it needs a file there), the
 // runtimes take no configuration, the manager's client caches unstructured objects (as
 // the release's own main does), and JobSet v0.10.1's webhooks are set up one by one.
 //
@@ -46,7 +46,6 @@ import (
 
 	trainerconfigapi "github.com/kubeflow/trainer/v2/pkg/apis/config/v1alpha1"
 	trainerv1alpha1 "github.com/kubeflow/trainer/v2/pkg/apis/trainer/v1alpha1"
-	trainerconfig "github.com/kubeflow/trainer/v2/pkg/config"
 	trainercontroller "github.com/kubeflow/trainer/v2/pkg/controller"
 	trainerruntimecore "github.com/kubeflow/trainer/v2/pkg/runtime/core"
 	trainerwebhooks "github.com/kubeflow/trainer/v2/pkg/webhooks"
@@ -115,13 +114,9 @@ func run(o options) error {
 		return fmt.Errorf("certificates: %w", err)
 	}
 
-	// The Trainer's defaults (client QPS, status server settings), with our own listeners.
-	mgrOpts, cfg, err := trainerconfig.Load(scheme, "", false)
-	if err != nil {
-		return fmt.Errorf("trainer configuration: %w", err)
-	}
-	disabled := false
-	cfg.CertManagement.Enable = &disabled
+	// v2.1.0's config.Load without a file dereferences the unset webhook host; what it would
+	// set (listeners, leader election) is all our own here, so the options start empty.
+	mgrOpts := ctrl.Options{Scheme: scheme}
 	mgrOpts.LeaderElection = false
 	mgrOpts.HealthProbeBindAddress = loopback(o.healthPort)
 	mgrOpts.Metrics = metricsserver.Options{BindAddress: "0"}
