@@ -150,7 +150,6 @@ def test_lineage_labels_reach_the_jobset_and_the_pods(api_client, namespace):
         assert lineage.items() <= p.metadata.labels.items()
 
 
-@pytest.mark.trainer_versions
 def test_a_trainer_webhook_refusal_is_a_clear_user_error_and_creates_nothing(api_client, namespace):
     # A rule only the Trainer knows: torchtune's single-node models take one node.
     inp = inputs(namespace, runtime="torchtune-llama3.2-1b", command=["tune", "run"], num_nodes=2)
@@ -210,7 +209,6 @@ def get_trainjob_or_none(api, namespace: str, name: str) -> dict | None:
         raise
 
 
-@pytest.mark.trainer_versions
 def test_torchtune_initializers_run_before_the_trainer_through_the_launcher(api_client, namespace):
     script = PodScript(lines=["downloaded"])
     inp = inputs(

@@ -182,3 +182,44 @@ def test_forcing_the_other_api_says_which_one_the_release_serves(cluster, api_cl
     with pytest.raises(RejectedError, match=f"use api_version auto or {served}"):
         Launcher(_backend(api_client, namespace, api_version=other), out=io.StringIO()).run(inp)
     assert _trainjobs(api_client, namespace) == []
+
+
+def _torchtune_claim(api, namespace: str, version: str, runtime: str) -> None:
+    """Trainer v2.1.0's torchtune runtimes mount a claim named after the runtime, which the
+    user makes; later releases make ``initializer-<job>`` themselves (volumeClaimPolicies)."""
+    if version == "v2.1.0":
+        body = {"metadata": {"name": runtime}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+        client.CoreV1Api(api).create_namespaced_persistent_volume_claim(namespace, body)
+
+
+def test_torchtune_initializers_run_before_the_trainer_on_the_release(cluster, api_client, namespace):
+    runtime = "torchtune-llama3.2-1b"
+    _torchtune_claim(api_client, namespace, cluster.trainer_version, runtime)
+    inp = _inputs(
+        namespace,
+        runtime=runtime,
+        dataset_uri="hf://tatsu-lab/alpaca",
+        model_uri="hf://meta-llama/Llama-3.2-1B-Instruct",
+        pod_targets=["dataset-initializer", "model-initializer"],
+        pod_annotations=PodScript(lines=["downloaded"]).annotations(),
+    )
+    out = io.StringIO()
+    outcome = Launcher(_backend(api_client, namespace), LaunchOptions(blocker_check_interval=1.0), out=out).run(inp)
+    assert outcome.succeeded and "downloaded" in out.getvalue().splitlines()
+    name = outcome.ref.name
+    jobs = {j.metadata.name: j for j in client.BatchV1Api(api_client).list_namespaced_job(namespace).items}
+    assert set(jobs) == {f"{name}-dataset-initializer-0", f"{name}-model-initializer-0", f"{name}-node-0"}
+    for init, uri in (("dataset-initializer", inp.dataset_uri), ("model-initializer", inp.model_uri)):
+        job = jobs[f"{name}-{init}-0"]
+        assert job.status.completion_time <= jobs[f"{name}-node-0"].metadata.creation_timestamp
+        assert {e.name: e.value for e in job.spec.template.spec.containers[0].env}["STORAGE_URI"] == uri
+
+
+def test_a_torchtune_rule_of_the_releases_webhook_is_a_clear_user_error(cluster, api_client, namespace):
+    """Every release refuses two nodes for a single-node torchtune model once the processes per
+    node are set (v2.1.0 checks torchtune jobs only then: it has no defaulting webhook)."""
+    inp = _inputs(namespace, runtime="torchtune-llama3.2-1b", command=["tune", "run"], num_nodes=2, num_proc_per_node=1)
+    with pytest.raises(RejectedError) as info:
+        Launcher(_backend(api_client, namespace), out=io.StringIO()).run(inp)
+    assert "spec.trainer.numNodes" in str(info.value) and "must be 1 for llama3_2/1B model" in str(info.value)
+    assert _trainjobs(api_client, namespace) == []
