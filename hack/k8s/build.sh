@@ -16,6 +16,11 @@
 #   hack/k8s/build.sh --print    # only print them (exit 1 if anything is missing)
 #   hack/k8s/build.sh --force    # rebuild everything
 #
+# Older Trainer releases (OLD_TRAINERS) get a controllers binary each, in a cache directory
+# of their own keyed by the Trainer and JobSet versions and a digest of the sources: the
+# wrapper's Go files with the release's overlay hack/k8s/controllers/<version>/ (its go.mod,
+# go.sum and the files whose upstream APIs differ) copied over them.
+#
 # Output (stdout): lines CONTROLLERS_BIN=<path of the controllers binary>,
 # KUBELET_BIN=<kubelet>, COREDNS_BIN=<coredns>, NODE_IMAGES=<dir of pause.tar and
 # probe.tar>, KUBE_OLD_BIN=<dir of the 1.32 binaries>, KUEUE_BIN=<Kueue's manager>, then the directory of the Kubernetes/etcd/kwok
@@ -56,6 +61,16 @@ ctrl_digest() {
 CTRL_DIR="$CACHE_ROOT/controllers-trainer-$TRAINER_VERSION-jobset-$JOBSET_VERSION-$(ctrl_digest)/bin"
 CTRL_BIN="$CTRL_DIR/controllers"
 
+OLD_TRAINERS=(v2.1.0 v2.2.1)
+old_ctrl_bin() { # <trainer version>: the path of its controllers binary
+  local v="$1" ov="$HERE/controllers/$1" js digest
+  js="$(awk '$1 == "sigs.k8s.io/jobset" {print $2}' "$ov/go.mod")"
+  digest="$( (cd "$HERE/controllers" && cat ./*.go && cd "$ov" && cat go.mod go.sum ./*.go) | sha256sum | cut -c1-12)"
+  echo "$CACHE_ROOT/controllers-trainer-$v-jobset-$js-$digest/bin/controllers"
+}
+declare -A OLD_CTRL_BIN=()
+for v in "${OLD_TRAINERS[@]}"; do OLD_CTRL_BIN[$v]="$(old_ctrl_bin "$v")"; done
+
 files_digest() { # <dir under hack/k8s> <file>...: a digest of those files
   local d="$1"; shift
   (cd "$HERE/$d" && cat "$@") | sha256sum | cut -c1-12
@@ -76,6 +91,9 @@ all_present() {
   done
   [[ -x "$CTRL_BIN" && -x "$KUBELET_BIN" && -x "$COREDNS_BIN" && -x "$KUEUE_BIN" ]] || return 1
   old_present || return 1
+  for b in "${OLD_CTRL_BIN[@]}"; do
+    [[ -x "$b" ]] || return 1
+  done
   for b in "${IMAGES[@]}"; do
     [[ -f "$IMAGES_DIR/$b" ]] || return 1
   done
@@ -88,6 +106,8 @@ report() {
   echo "NODE_IMAGES=$IMAGES_DIR"
   echo "KUBE_OLD_BIN=$OLD_BIN_DIR"
   echo "KUEUE_BIN=$KUEUE_BIN"
+  local v
+  for v in "${OLD_TRAINERS[@]}"; do echo "CONTROLLERS_BIN_$v=${OLD_CTRL_BIN[$v]}"; done
   echo "$BIN_DIR"
 }
 
@@ -97,7 +117,8 @@ case "$mode" in
     report
     all_present && exit 0
     exit 1 ;;
-  --force) rm -rf "$BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR" "$OLD_BIN_DIR" "$(dirname "$KUEUE_BIN")" ;;
+  --force) rm -rf "$BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR" "$OLD_BIN_DIR" "$(dirname "$KUEUE_BIN")"
+    for b in "${OLD_CTRL_BIN[@]}"; do rm -rf "$(dirname "$b")"; done ;;
   build|"") ;;
   *) echo "usage: $0 [--print|--force]" >&2; exit 2 ;;
 esac
@@ -120,6 +141,7 @@ check_pin controllers sigs.k8s.io/jobset "$JOBSET_VERSION"
 check_pin kwok sigs.k8s.io/kwok "$KWOK_VERSION"
 check_pin kube-1.32 k8s.io/kubernetes "$K8S_OLD_VERSION"
 check_pin kueue sigs.k8s.io/kueue "$KUEUE_VERSION"
+for v in "${OLD_TRAINERS[@]}"; do check_pin "controllers/$v" github.com/kubeflow/trainer/v2 "$v"; done
 
 NICE="${KFP_TRAINER_NICE:-10}"
 mkdir -p "$BIN_DIR" "$OLD_BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR" "$(dirname "$KUEUE_BIN")"
@@ -226,10 +248,23 @@ build_controllers() {
   mv -f "$WORK/controllers/controllers" "$CTRL_BIN"
 }
 
+# An older Trainer's controllers: the wrapper's files with the release's overlay on top.
+build_old_controllers() { # <trainer version>
+  local v="$1" src="$WORK/src-$1" out="$WORK/out-$1"
+  mkdir -p "$src" "$out" "$(dirname "${OLD_CTRL_BIN[$v]}")"
+  cp "$HERE/controllers/"*.go "$src/"
+  cp "$HERE/controllers/$v/go.mod" "$HERE/controllers/$v/go.sum" "$HERE/controllers/$v/"*.go "$src/"
+  (cd "$src" && nice -n "$NICE" go build -ldflags "-s -w" -o "$out/" .)
+  mv -f "$out/controllers" "${OLD_CTRL_BIN[$v]}"
+}
+build_controllers_v2_1_0() { build_old_controllers v2.1.0; }
+build_controllers_v2_2_1() { build_old_controllers v2.2.1; }
+
 jobs_to_run=()
 need etcd etcdctl && jobs_to_run+=(etcd)
 need kwok kwokctl && jobs_to_run+=(kwok)
 [[ -x "$CTRL_BIN" ]] || jobs_to_run+=(controllers)
+for v in "${OLD_TRAINERS[@]}"; do [[ -x "${OLD_CTRL_BIN[$v]}" ]] || jobs_to_run+=("controllers_${v//./_}"); done
 need kube-apiserver kube-controller-manager kube-scheduler && jobs_to_run+=(kube)
 [[ -x "$KUBELET_BIN" ]] || jobs_to_run+=(kubelet)
 old_present || jobs_to_run+=(kube_old)
@@ -267,7 +302,7 @@ if [[ ${#failed[@]} -gt 0 ]] || ! all_present; then
   echo "build incomplete; missing:" >&2
   for b in "${BINARIES[@]}"; do [[ -x "$BIN_DIR/$b" ]] || echo "  $BIN_DIR/$b" >&2; done
   for b in "${OLD_BINARIES[@]}"; do [[ -x "$OLD_BIN_DIR/$b" ]] || echo "  $OLD_BIN_DIR/$b" >&2; done
-  for b in "$CTRL_BIN" "$KUBELET_BIN" "$COREDNS_BIN" "$KUEUE_BIN" "$IMAGES_DIR/pause.tar" "$IMAGES_DIR/probe.tar"; do
+  for b in "$CTRL_BIN" "${OLD_CTRL_BIN[@]}" "$KUBELET_BIN" "$COREDNS_BIN" "$KUEUE_BIN" "$IMAGES_DIR/pause.tar" "$IMAGES_DIR/probe.tar"; do
     [[ -e "$b" ]] || echo "  $b" >&2
   done
   report

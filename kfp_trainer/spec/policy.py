@@ -149,6 +149,7 @@ class _Checker:
         self.check_trainer(spec.get("trainer", {}))
         self.check_initializer(spec.get("initializer", {}))
         self.check_runtime_patches(spec.get("runtimePatches", []))
+        self.check_pod_template_overrides(spec.get("podTemplateOverrides", []))
 
     def check_trainer(self, trainer: Any) -> None:
         at = ("spec", "trainer")
@@ -212,6 +213,18 @@ class _Checker:
                                 "template", "spec", "template", "spec", "containers", k, "env")  # fmt: skip
                         self.add(path, "...", "no env patch on the node or initializer containers (the Trainer webhook "
                                  "rejects it): use env, dataset_env or model_env")  # fmt: skip
+
+    def check_pod_template_overrides(self, overrides: Any) -> None:
+        """Trainer v2.1's webhook refuses env on these containers in podTemplateOverrides too."""
+        if not isinstance(overrides, list):
+            return self.add(("spec", "podTemplateOverrides"), overrides, "a list")
+        for i, override in enumerate(overrides):
+            containers = dig(override, "spec", "containers")
+            for k, container in enumerate(containers if isinstance(containers, list) else []):
+                if isinstance(container, dict) and container.get("name") in ("node", *INITIALIZER_JOBS) and container.get("env"):
+                    self.add(("spec", "podTemplateOverrides", i, "spec", "containers", k, "env"), "...",
+                             "no env override on the node or initializer containers (the Trainer webhook rejects it): "
+                             "use env, dataset_env or model_env")  # fmt: skip
 
     # ------------------------------------------------------------------ everywhere
     def walk(self, path: Path, value: Any) -> None:

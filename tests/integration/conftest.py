@@ -91,8 +91,10 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"report_{report.when}", report)  # the fault check reads the test's own outcome
-    if report.failed and _CLUSTER is not None and "cluster" in getattr(item, "fixturenames", ()):
-        report.sections.append(("control plane logs", _log_tails(_CLUSTER, _REPORTED_LOGS)))
+    # The test's own cluster (another Trainer release's, test_trainer_versions.py) or the session's.
+    used = getattr(item, "funcargs", {}).get("cluster") or _CLUSTER
+    if report.failed and used is not None and "cluster" in getattr(item, "fixturenames", ()):
+        report.sections.append(("control plane logs", _log_tails(used, _REPORTED_LOGS)))
 
 
 @pytest.fixture(scope="session")

@@ -233,6 +233,7 @@ def test_the_schema_and_the_trainer_webhooks_accept_every_rendered_manifest(clus
             check("v2.1")
 
 
+@pytest.mark.trainer_versions
 def test_strict_validation_rejects_unknown_fields_with_a_clear_error(api_client, namespace):
     backend = backend_for(api_client, namespace)
     m = spec.render(inputs(namespace, patch={"spec": {"trainer": {"numNode": 2}}}))
@@ -252,6 +253,7 @@ def test_forced_v21_manifest_is_rejected_by_a_v23_server(api_client, namespace):
 # ----------------------------------------------------------------------------- runtime check
 
 
+@pytest.mark.trainer_versions
 def test_missing_runtime_lists_the_available_ones_and_creates_nothing(api_client, namespace):
     with pytest.raises(RuntimeNotFoundError) as info:
         launch(api_client, inputs(namespace, runtime="torch-distributd"))
@@ -260,6 +262,7 @@ def test_missing_runtime_lists_the_available_ones_and_creates_nothing(api_client
     assert list_trainjobs(api_client, namespace) == []
 
 
+@pytest.mark.trainer_versions
 def test_namespaced_runtime_is_found_in_the_job_namespace(api_client, namespace):
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(
         spec.GROUP, spec.VERSION, namespace, "trainingruntimes", runtime_with("team-torch", namespace)
@@ -277,6 +280,7 @@ def test_bad_input_fails_before_any_api_call(namespace):
 # ----------------------------------------------------------------------------- outcomes
 
 
+@pytest.mark.trainer_versions
 def test_success_streams_logs_and_parses_metrics(api_client, namespace):
     lines = [f'{{"step": {i}, "loss": {1.0 / i:.3f}}}' for i in range(1, 9)] + ["done"]
     outcome, out = launch(api_client, inputs(namespace), PodScript(lines=lines))
@@ -303,6 +307,7 @@ def test_logs_survive_container_restarts_without_loss_or_repeats(api_client, nam
     assert body == lines[:2] + lines[:4] + lines
 
 
+@pytest.mark.trainer_versions
 def test_failure_carries_reason_failed_pod_and_log_tail(api_client, namespace):
     """A runtime whose pods are not restarted (restartPolicy Never, backoffLimit 0): the
     failed pod stays, with its exit code and log, when the Job fails."""
@@ -328,6 +333,7 @@ def test_deadline_exceeded_is_reported(api_client, namespace):
 # ----------------------------------------------------------------------------- adopt / replace / conflicts
 
 
+@pytest.mark.trainer_versions
 def test_retry_adopts_the_running_job_without_a_duplicate(api_client, namespace):
     inp = scripted(inputs(namespace), PodScript(lines=[f"line {i}" for i in range(20)], line_delay=0.1))
     backend = backend_for(api_client, namespace)
@@ -339,6 +345,7 @@ def test_retry_adopts_the_running_job_without_a_duplicate(api_client, namespace)
     assert len(list_trainjobs(api_client, namespace)) == 1
 
 
+@pytest.mark.trainer_versions
 def test_retry_replaces_its_own_failed_job(api_client, namespace):
     # The same inputs twice; the runtime (scripted by the test) fails the first time only.
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(
@@ -448,6 +455,7 @@ def test_run_timeout_deletes_the_job(api_client, namespace):
     wait_for(lambda: list_trainjobs(api_client, namespace) == [], what="TrainJob deleted")
 
 
+@pytest.mark.trainer_versions
 def test_delete_after_success_removes_the_job_and_its_pods(api_client, namespace):
     outcome, _ = launch(api_client, inputs(namespace), delete_after_success=True)
     assert outcome.succeeded and get_trainjob(api_client, namespace, outcome.ref.name) is None

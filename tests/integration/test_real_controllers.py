@@ -48,6 +48,7 @@ def get_trainjob(api, namespace: str, name: str) -> dict:
     return client.CustomObjectsApi(api).get_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, spec.PLURAL, name)
 
 
+@pytest.mark.trainer_versions
 def test_launcher_trainjob_runs_through_the_real_controllers_to_kwok_pods_and_back(api_client, namespace):
     lines = ["Starting training", "epoch 1/2 loss=0.50", "epoch 2/2 loss=0.25", "Training finished"]
     script = PodScript(lines=lines, line_delay=0.1)
@@ -96,6 +97,7 @@ def test_launcher_trainjob_runs_through_the_real_controllers_to_kwok_pods_and_ba
     assert status_writers == {"controllers"}  # the process running the Trainer (and JobSet) controllers
 
 
+@pytest.mark.trainer_versions
 def test_rendered_runtime_patches_are_accepted_by_the_webhook_and_reach_the_pods(api_client, namespace):
     core = client.CoreV1Api(api_client)
     # The workspace claim, provisioned and bound by the cluster's default storage class.

@@ -188,6 +188,16 @@ def test_patch_cannot_smuggle_reserved_env_or_node_env():
         build_trainjob(**OK, patch={"metadata": {"name": "Bad_Name"}})
 
 
+@pytest.mark.parametrize("container", ["node", "dataset-initializer", "model-initializer"])
+def test_a_v21_env_override_of_a_trainer_owned_container_is_refused_like_the_webhook_does(container):
+    # Trainer v2.1's webhook: "must not have envs for the dataset-initializer, model-initializer, node containers".
+    override = {"targetJobs": [{"name": container}], "spec": {"containers": [{"name": container, "env": [{"name": "A", "value": "1"}]}]}}
+    with pytest.raises(InvalidSpecErrors, match=r"patch\.spec\.podTemplateOverrides\[0\]\.spec\.containers\[0\]\.env.*no env override"):
+        build_trainjob(**OK, api_version="v2.1", patch={"spec": {"podTemplateOverrides": [override]}})
+    sidecar = {"targetJobs": [{"name": "node"}], "spec": {"containers": [{"name": "sidecar", "env": [{"name": "A", "value": "1"}]}]}}
+    assert build_trainjob(**OK, api_version="v2.1", patch={"spec": {"podTemplateOverrides": [sidecar]}})["spec"]["podTemplateOverrides"]
+
+
 def test_errors_are_user_errors_and_value_errors():
     with pytest.raises(UserError):
         validate(TrainJobInputs(num_nodes=0, run_id="r"))

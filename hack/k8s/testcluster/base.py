@@ -16,11 +16,12 @@ from typing import Any
 import yaml
 
 from . import kwok, locks, objects
-from .binaries import KUBE_VERSION, KUBE_VERSIONS, Binaries, ClusterError, cache_root, trainer_manifests
+from .binaries import KUBE_VERSION, KUBE_VERSIONS, Binaries, ClusterError, cache_root
 from .components import Controllers, KubeletFront, PodScripting, parse_gates
 from .gc import GcProbe
 from .procs import read_pid, restart_kwokctl_component, with_feature_gates
 from .realnode import RealNode
+from .versions import DEFAULT_TRAINER_VERSION, trainer_dirs
 
 DEFAULT_CLUSTER_NAME = "kfp-trainer-test"
 KWOKCTL_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
@@ -51,6 +52,7 @@ class ClusterBase:
         real_node_wait: float | None = None,
         kube_version: str = KUBE_VERSION,
         kube_feature_gates: str = "",
+        trainer_version: str | None = None,
     ) -> None:
         """``unique``: name the cluster ``<name>-<pid>`` so concurrent test sessions never share
         (or delete) each other's cluster; clusters left by dead sessions are removed on start.
@@ -65,7 +67,11 @@ class ClusterBase:
         ``kube_version``: of kube-apiserver, kube-controller-manager and kube-scheduler, one of
         ``binaries.KUBE_VERSIONS``; an older one than the kubelet's (``KUBE_VERSION``) runs
         without the real node, as a kubelet must not be newer than its API server.
-        ``kube_feature_gates``: ``Name=true,...`` for those three (e.g. ``WatchList=false``)."""
+        ``kube_feature_gates``: ``Name=true,...`` for those three (e.g. ``WatchList=false``).
+        ``trainer_version``: the Kubeflow Trainer release the cluster runs (its controllers,
+        webhooks, CRDs and runtimes, with the JobSet release it was built with): ``v2.1.0``,
+        ``v2.2.1`` or ``v2.3.0`` (default ``KFP_TRAINER_VERSION`` or v2.3.0). ``trainer_dir``
+        (v2.3.0 only) overrides where its manifests are."""
         if kube_version not in KUBE_VERSIONS:
             raise ClusterError(f"kube_version {kube_version!r}: not one of the built versions {', '.join(KUBE_VERSIONS)}")
         if kube_version != KUBE_VERSION and real_node:
@@ -78,7 +84,10 @@ class ClusterBase:
         self.unique = unique
         self.root = Path(root) if root else cache_root() / "clusters"
         self._set_name(f"{self.base_name}-{os.getpid()}" if unique else self.base_name)
-        self.trainer_dir = Path(trainer_dir) if trainer_dir else trainer_manifests()
+        self.trainer_version = trainer_version or os.environ.get("KFP_TRAINER_VERSION") or DEFAULT_TRAINER_VERSION
+        self.trainer_dir, self.jobset_dir = trainer_dirs(self.trainer_version)
+        if trainer_dir:
+            self.trainer_dir = Path(trainer_dir)
         self.nodes = objects.DEFAULT_NODES if nodes is None else nodes
         if reuse is None:
             reuse = os.environ.get("KFP_TRAINER_REUSE_CLUSTER", "") in ("1", "true", "yes")
@@ -153,7 +162,7 @@ class ClusterBase:
             self.cluster_dir,
             self.root,
             self.name,
-            self._bin.controllers,
+            self._bin.controllers_for(self.trainer_version),
             p.webhooks,
             p.controllers_health,
             p.status_server,
@@ -257,11 +266,17 @@ class ClusterBase:
             return False
 
     def _save_state(self) -> None:
-        state = {"ports": vars(self.ports), "feature_gates": self.feature_gates, "kube_version": self.kube_version}
+        state = {
+            "ports": vars(self.ports), "feature_gates": self.feature_gates, "kube_version": self.kube_version,
+            "trainer_version": self.trainer_version,
+        }  # fmt: skip
         self.state_file.write_text(json.dumps(state))
 
     def _load_state(self) -> None:
         state = json.loads(self.state_file.read_text())
+        running = state.get("trainer_version", DEFAULT_TRAINER_VERSION)
+        if running != self.trainer_version:
+            raise ClusterError(f"cluster {self.name} runs Trainer {running}, not {self.trainer_version}: stop it or use another name")
         self.ports = kwok.Ports(**state["ports"])
         self.kube_version = state.get("kube_version") or KUBE_VERSION
         if not self.feature_gates:

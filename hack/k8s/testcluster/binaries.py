@@ -34,7 +34,8 @@ class Binaries:
     """The Kubernetes, etcd and kwok binaries (``bin_dir``), the controllers binary, the
     real node's pieces: the kubelet, CoreDNS and the node images (``pause.tar``, ``probe.tar``),
     the oldest version's kube-apiserver, controller manager and scheduler (``kube_old``) and
-    Kueue's manager."""
+    Kueue's manager. ``controllers`` runs Trainer v2.3.0; ``older_controllers`` the older
+    releases, by version."""
 
     bin_dir: Path
     controllers: Path
@@ -43,6 +44,7 @@ class Binaries:
     node_images: Path | None = None
     kube_old: Path | None = None
     kueue: Path | None = None  # Kueue's manager; its CRDs and webhook manifests beside its bin/
+    older_controllers: dict[str, Path] = dataclasses.field(default_factory=dict)
 
     def __truediv__(self, name: str) -> Path:
         return self.bin_dir / name
@@ -54,6 +56,15 @@ class Binaries:
         if version == OLD_KUBE_VERSION and self.kube_old is not None:
             return self.kube_old / name
         raise ClusterError(f"Kubernetes {version}: no binaries (built: {', '.join(KUBE_VERSIONS)})")
+
+    def controllers_for(self, trainer_version: str) -> Path:
+        """The controllers binary of a Trainer release (``v2.3.0``: :attr:`controllers`)."""
+        if trainer_version == "v2.3.0":
+            return self.controllers
+        if trainer_version not in self.older_controllers:
+            built = ", ".join(["v2.3.0", *sorted(self.older_controllers)])
+            raise BinariesUnavailable(f"no controllers binary of Trainer {trainer_version} (hack/k8s/build.sh builds {built})")
+        return self.older_controllers[trainer_version]
 
 
 def cache_root() -> Path:
@@ -113,4 +124,5 @@ def binaries(build: bool = False, log: TextIO | None = None) -> Binaries:
         ("kube_old", "KUBE_OLD_BIN"), ("kueue", "KUEUE_BIN"),
     )  # fmt: skip
     extra = {f: Path(named[k]) for f, k in keys if k in named}
-    return Binaries(Path(lines[-1]), Path(controllers), **extra)
+    older = {k.removeprefix("CONTROLLERS_BIN_"): Path(v) for k, v in named.items() if k.startswith("CONTROLLERS_BIN_")}
+    return Binaries(Path(lines[-1]), Path(controllers), **extra, older_controllers=older)

@@ -23,9 +23,10 @@ USAGE = """\
                                              # name kfp-trainer-test-v1-32 unless --name is given
     up --kube-version v1.32.2 --kube-feature-gates WatchList=false   # gates of the Kubernetes components
     up --kueue                               # also Kueue v0.17.0 (namespaces labelled kfp-trainer.test/kueue=true)
+    up --trainer-version v2.1.0              # another Kubeflow Trainer release (v2.1.0, v2.2.1, v2.3.0)
 
 Environment: KFP_TRAINER_CACHE, KFP_TRAINER_CRDS_DIR, KFP_TRAINER_JOBSET_DIR,
-KFP_TRAINER_CLUSTER_NAME, KFP_TRAINER_FEATURE_GATES (see docs/controlplane.md).
+KFP_TRAINER_CLUSTER_NAME, KFP_TRAINER_FEATURE_GATES, KFP_TRAINER_VERSION (see docs/controlplane.md).
 """
 
 
@@ -35,6 +36,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--name", default=None)
     ap.add_argument("--feature-gates", default=None, help="Name=true,... for the Trainer/JobSet controllers")
     ap.add_argument("--no-real-node", action="store_true", help="up: start the cluster without the real node")
+    ap.add_argument("--trainer-version", default=None, help="up: the Kubeflow Trainer release (default KFP_TRAINER_VERSION or v2.3.0)")
     ap.add_argument("--kube-version", default=KUBE_VERSION, choices=KUBE_VERSIONS, help="of kube-apiserver, controller manager, scheduler")
     ap.add_argument("--kube-feature-gates", default="", help="Name=true,... for kube-apiserver, controller manager and scheduler")
     ap.add_argument("--kueue", action="store_true", help="up: also start Kueue (its CRDs, manager and webhooks)")
@@ -53,6 +55,7 @@ def main(argv: list[str]) -> int:
         real_node=real_node,
         kube_version=args.kube_version,
         kube_feature_gates=args.kube_feature_gates,
+        trainer_version=args.trainer_version,
     )
     if args.command == "build":
         b = binaries(build=True, log=sys.stderr)

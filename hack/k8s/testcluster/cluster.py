@@ -16,7 +16,7 @@ import yaml
 
 from . import crds, kueue, kwok, objects, realnode
 from .base import DEFAULT_CLUSTER_NAME, ClusterBase, env_feature_gates
-from .binaries import BinariesUnavailable, ClusterError, binaries, jobset_manifests
+from .binaries import BinariesUnavailable, ClusterError, binaries
 from .gc import GcProbe, restart_controller_manager
 from .procs import pid_alive, processes_under, terminate
 
@@ -119,7 +119,7 @@ class TestCluster(ClusterBase):
         self._timed("real_node_s", t)
 
     def _install_crds(self) -> None:
-        paths = sorted((self.trainer_dir / "crds").glob("*.yaml")) + sorted(jobset_manifests().glob("*.yaml"))
+        paths = sorted((self.trainer_dir / "crds").glob("*.yaml")) + sorted(self.jobset_dir.glob("*.yaml"))
         crds.install_crds(self._client, paths)
 
     def _start_components(self) -> None:
@@ -280,7 +280,8 @@ class TestCluster(ClusterBase):
             "server": self.server if Path(self.kubeconfig).exists() else None,
             "workdir": str(self.cluster_dir),
             "bin_dir": str(self._bin.bin_dir) if self._bin else None,
-            "controllers": str(self._bin.controllers) if self._bin else None,
+            "trainer_version": self.trainer_version,
+            "controllers": str(self._bin.controllers_for(self.trainer_version)) if self._bin else None,
             "feature_gates": self.feature_gates,
             "kube_version": self.kube_version,
             "trainer_dir": str(self.trainer_dir),

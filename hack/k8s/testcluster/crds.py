@@ -93,13 +93,14 @@ def install_crds(api, paths: list[Path]) -> list[str]:
 
 
 def install_runtimes(api, runtimes_dir: Path, timeout: float = 30) -> list[str]:
-    """Create every ClusterTrainingRuntime of ``runtimes_dir`` (the Trainer's webhook validates them)."""
+    """Create every ClusterTrainingRuntime of ``runtimes_dir`` and its subdirectories (the
+    Trainer's webhook validates them)."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     co = client.CustomObjectsApi(api)
     names = []
-    for p in sorted(runtimes_dir.glob("*.yaml")):
+    for p in sorted(runtimes_dir.rglob("*.yaml")):
         for doc in load_yaml_docs(p):
             if doc.get("kind") != "ClusterTrainingRuntime":
                 continue
