@@ -26,16 +26,19 @@ import json
 import logging
 import random
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import urllib3
-from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
 
 from ...errors import ForbiddenError, InfraError, KfpTrainerError, RejectedError
+from .rest import ApiException
+
+if TYPE_CHECKING:
+    from .rest import Client as ApiClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,7 +73,15 @@ class RetryPolicy:
         return [min(self.cap, self.base * 2**i) for i in range(self.attempts - 1)]
 
 
-def server_message(e: ApiException) -> str:
+def is_api_error(e: BaseException) -> bool:
+    """Whether ``e`` is an answer of the API server outside 2xx: this package's client's, or the client library's."""
+    if isinstance(e, ApiException):
+        return True
+    library = sys.modules.get("kubernetes.client.exceptions")  # not loaded: none of its errors can exist
+    return library is not None and isinstance(e, library.ApiException)
+
+
+def server_message(e: Any) -> str:
     """The API server's own explanation from an error body (with field causes when given)."""
     try:
         body = json.loads(e.body or "{}")
@@ -115,8 +126,8 @@ def translate(e: BaseException, what: str) -> KfpTrainerError:
         >>> print(translate(e, "create TrainJob ns/x"))
         create TrainJob ns/x: refused by the cluster's policy: admission webhook v.example.com denied the request: no GPUs on Sundays
     """
-    if isinstance(e, ApiException):
-        status = e.status or 0
+    if is_api_error(e):
+        status = getattr(e, "status", None) or 0
         text = server_message(e)
         message = f"{what}: {text}"
         if too_large(status, text):
@@ -160,6 +171,11 @@ def missing_permission(text: str) -> str:
 TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError, TimeoutError)
 
 
+def transient(e: BaseException) -> bool:
+    """Whether :func:`call` maps (and maybe retries) ``e``: an API answer or a connection error."""
+    return isinstance(e, TRANSIENT) or is_api_error(e)
+
+
 def call(
     fn: Callable[..., T],
     *args: Any,
@@ -185,7 +201,9 @@ def call(
     for attempt in range(len(delays) + 1):
         try:
             return fn(*args, **kwargs)
-        except TRANSIENT as raw:
+        except Exception as raw:
+            if not transient(raw):
+                raise
             error = translate(raw, what)
             if not isinstance(error, InfraError) or attempt == len(delays):
                 raise error from raw

@@ -30,16 +30,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import urllib3
-from kubernetes.client import ApiClient
 
 from ...errors import ForbiddenError, KfpTrainerError
 from ..base import LogLine, LogSink
 from .api import NotFound, RetryPolicy, call, request
 from .cache import ObjectCache
 from .watch import lines, shutdown
+
+if TYPE_CHECKING:
+    from .rest import Client as ApiClient
 
 log = logging.getLogger(__name__)
 CONTAINER = "node"
