@@ -6,9 +6,10 @@ import json
 
 import pytest
 import urllib3
+from kubernetes.client.exceptions import ApiException
 
 from kfp_trainer.backends.base import Phase, trainjob_status
-from kfp_trainer.backends.kube.api import ApiException, Conflict, Gone, NotFound, RetryPolicy, call
+from kfp_trainer.backends.kube.api import Conflict, Gone, NotFound, RetryPolicy, call
 from kfp_trainer.backends.kube.logs import _Cursor, parse_timestamp
 from kfp_trainer.errors import ForbiddenError, InfraError, KfpTrainerError, RejectedError
 

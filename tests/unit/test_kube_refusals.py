@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
-from kfp_trainer.backends.kube.api import ApiException, call
+from kfp_trainer.backends.kube.api import call
 from kfp_trainer.backends.kube.discovery import version_mismatch
 from kfp_trainer.errors import ForbiddenError, RejectedError
 

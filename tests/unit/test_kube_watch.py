@@ -6,8 +6,9 @@ import json
 
 import pytest
 import urllib3
+from kubernetes.client.exceptions import ApiException
 
-from kfp_trainer.backends.kube.api import ApiException, RetryPolicy
+from kfp_trainer.backends.kube.api import RetryPolicy
 from kfp_trainer.backends.kube.watch import Handle, wait_gone, watch
 from kfp_trainer.errors import InfraError
 

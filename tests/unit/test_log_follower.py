@@ -7,9 +7,9 @@ import logging
 import threading
 
 import urllib3
+from kubernetes.client.exceptions import ApiException
 
 from kfp_trainer.backends.base import LogLine
-from kfp_trainer.backends.kube.api import ApiException
 from kfp_trainer.backends.kube.cache import ObjectCache
 from kfp_trainer.backends.kube.logs import NodeLogFollower, _terminated
 

@@ -224,7 +224,34 @@ def request(
     body: Any = None,
     headers: dict[str, str] | None = None,
 ) -> Any:
-    """One request to ``path`` through the client's auth and TLS settings; raw response when streaming."""
+    """One request to ``path`` through the client's auth and TLS settings; raw response when streaming.
+
+    Raises:
+        ApiException: An answer outside 2xx (the client library's own is converted, so ``except TRANSIENT`` sees it).
+    """
+    try:
+        return _call_api(api, path, query, timeout=timeout, stream=stream, method=method, body=body, headers=headers)
+    except ApiException:
+        raise
+    except Exception as e:
+        if not is_api_error(e):
+            raise
+        converted = ApiException(status=getattr(e, "status", None), reason=getattr(e, "reason", None))
+        converted.body, converted.headers = getattr(e, "body", None), getattr(e, "headers", None)
+        raise converted from e
+
+
+def _call_api(
+    api: ApiClient,
+    path: str,
+    query: list[tuple[str, Any]],
+    *,
+    timeout: float | tuple[float, float | None],
+    stream: bool,
+    method: str,
+    body: Any,
+    headers: dict[str, str] | None,
+) -> Any:
     return api.call_api(
         path,
         method,
