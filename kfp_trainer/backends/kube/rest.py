@@ -156,6 +156,7 @@ class Client:
         self.configuration = configuration
         self.rest_client = _Pool(configuration)
         self.default_headers = {"User-Agent": USER_AGENT}
+        self.client_side_validation = True  # read by the generated API classes
         self._typed: Any = None
 
     def close(self) -> None:
