@@ -128,9 +128,9 @@ def _from_doc(doc: Any, path: Path, context: str | None) -> Settings | None:
     user = user or {}
     if any(key in user for key in _LIBRARY_ONLY) or not isinstance(cluster.get("server"), str):
         return None
-    base = path.resolve().parent
+    base = Path(os.path.abspath(path)).parent  # relative paths as the client library resolves them (symlinks kept)
     host = cluster["server"].rstrip("/")
-    token = _data(user, "tokenFile", "token", base, encoded=False)
+    token = _token(user, base)
     settings = Settings(host, token=f"Bearer {token}" if token else None)
     if host.startswith("https"):
         settings.ssl_ca_cert = _file(cluster, "certificate-authority", base)
@@ -157,14 +157,14 @@ def _file(section: dict[str, Any], key: str, base: Path) -> str | None:
     return str(found)
 
 
-def _data(section: dict[str, Any], file_key: str, data_key: str, base: Path, *, encoded: bool) -> str | None:
-    value = section.get(data_key)
-    if value:
-        return base64.standard_b64decode(value).decode() if encoded else str(value)
-    name = section.get(file_key)
+def _token(user: dict[str, Any], base: Path) -> str | None:
+    """``token``, else the content of ``tokenFile`` (relative to the kubeconfig)."""
+    if user.get("token"):
+        return str(user["token"])
+    name = user.get("tokenFile")
     if not name:
         return None
-    return (base / Path(name).expanduser()).read_text()
+    return (base / Path(name).expanduser()).read_text().strip()  # a trailing newline is no part of a token
 
 
 def _temp_file(content: bytes) -> str:
