@@ -51,7 +51,9 @@ def load_client(kubeconfig: str | None = None) -> tuple[Client, str]:
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
             settings = load_settings()
-        except Exception as e:  # noqa: BLE001 -- the client library's ConfigException (its loader had the last word)
+        except Exception as e:
+            if not _config_error(e):
+                raise
             raise ClusterUnreachableError(f"cannot use this pod's service account to reach the cluster: {e}") from None
         return Client(settings), "the pod's service account"
     files = kubeconfig_files(kubeconfig)
@@ -72,13 +74,16 @@ def load_client(kubeconfig: str | None = None) -> tuple[Client, str]:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise UserError(f"{source}: not valid YAML{where}") from None
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise UserError(f"{source}: cannot be used: {_one_line(str(e) or type(e).__name__)}") from None
-    except Exception as e:  # the client library's ConfigException (its loader read this kubeconfig)
-        if type(e).__name__ != "ConfigException":
+    except Exception as e:
+        if not _config_error(e):
             raise
         raise UserError(f"{source}: cannot be used: {_one_line(str(e) or type(e).__name__)}") from None
     return Client(settings), source
+
+
+def _config_error(e: Exception) -> bool:
+    """A configuration that cannot be used: the client library's ConfigException (its loader read it), or a file error."""
+    return type(e).__name__ == "ConfigException" or isinstance(e, (OSError, ValueError, TypeError, KeyError))
 
 
 def kubeconfig_namespace(kubeconfig: str | None) -> str | None:
