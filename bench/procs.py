@@ -135,8 +135,12 @@ class Proc:
 
 
 def python_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for a Python child: UTF-8 output, no user site, no proxies."""
-    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    """The environment for a Python child: UTF-8 output, no user site, no proxies, bytecode caches on.
+
+    An installed package runs from its compiled bytecode; a ``PYTHONDONTWRITEBYTECODE`` in the
+    caller's environment would make every launcher compile the package's sources anew.
+    """
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "pythondontwritebytecode")}
     env.update({"PYTHONIOENCODING": "utf-8", "PYTHONNOUSERSITE": "1", "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"})
     env.pop("KUBECONFIG", None)
     env.update(extra or {})

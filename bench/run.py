@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     load = LoadSampler()
     started = time.monotonic()
     r = bench.results
-    command = "make bench" + (" (smoke)" if args.smoke else "")
+    given = " ".join(argv if argv is not None else sys.argv[1:])
+    command = "make bench" + (f" BENCH_ARGS='{given}'" if given else "")
     r.update({"date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "command": command,
               "peer_version": env.peer_sdk.version(), "phases": sorted(phases)})  # fmt: skip
     try:

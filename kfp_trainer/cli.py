@@ -27,8 +27,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
 from .cli_inputs import add_input_flags, inputs_from_args, seconds
 from .cli_run import task_outputs
 from .errors import KfpTrainerError
@@ -93,6 +91,8 @@ def cmd_render(ns: argparse.Namespace) -> int:
         )
     else:
         manifest = render(inputs, api_version=ns.api_version)
+    import yaml
+
     yaml.safe_dump(manifest, sys.stdout, sort_keys=False)
     return 0
 

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from .errors import UserError, ValidationError
 from .numbers import parse_float, parse_int
 from .redaction import redact_text
 from .spec import TrainJobInputs
+
+if TYPE_CHECKING:
+    import yaml
 
 # Flags that map one-to-one onto TrainJobInputs fields (flag name = field with dashes).
 _SIMPLE = (
@@ -69,8 +70,16 @@ _JSON = (
 
 
 MAX_INPUTS_FILE_BYTES = 8 * 2**20
-# Plain YAML only (no !!python/... tags); libyaml's loader when present, it is much faster.
-_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _load_yaml(text: str) -> Any:
+    """Plain YAML only (no ``!!python/...`` tags), with libyaml's loader when present (much faster).
+
+    yaml is imported here, on the first YAML value: a launch whose flags are JSON does without it.
+    """
+    import yaml
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def json_value(text: str) -> Any:
@@ -81,8 +90,10 @@ def json_value(text: str) -> Any:
         pass
     except RecursionError:
         raise argparse.ArgumentTypeError("nested too deeply") from None
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_SAFE_LOADER)
+        return _load_yaml(text)
     except yaml.YAMLError as e:
         raise argparse.ArgumentTypeError(f"not valid JSON or YAML: {_yaml_problem(e)}") from None
     except RecursionError:
@@ -253,8 +264,10 @@ def load_inputs_file(path: str) -> dict[str, Any]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UserError(f"--inputs-file {path}: not UTF-8 text (byte {e.start})") from None
+    import yaml
+
     try:
-        loaded = yaml.load(text, Loader=_SAFE_LOADER)
+        loaded = _load_yaml(text)
     except yaml.YAMLError as e:
         raise UserError(f"--inputs-file {path}: not valid YAML or JSON: {_yaml_problem(e)}") from None
     except RecursionError:

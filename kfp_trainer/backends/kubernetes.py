@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
-
-from kubernetes.client import ApiClient
+from typing import TYPE_CHECKING, Any
 
 from .. import cancel
 from ..errors import KfpTrainerError
@@ -30,6 +28,9 @@ from .kube.cache import EventQueue
 from .kube.discovery import load_api_client
 from .kube.lifecycle import Lifecycle, leftovers_message
 from .kube.logs import NodeLogFollower
+
+if TYPE_CHECKING:
+    from .kube.rest import Client as ApiClient
 
 __all__ = ["KubernetesBackend", "load_api_client"]
 

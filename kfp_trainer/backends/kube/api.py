@@ -26,16 +26,19 @@ import json
 import logging
 import random
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import urllib3
-from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
 
 from ...errors import ForbiddenError, InfraError, KfpTrainerError, RejectedError
+from .rest import ApiException
+
+if TYPE_CHECKING:
+    from .rest import Client as ApiClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,7 +73,15 @@ class RetryPolicy:
         return [min(self.cap, self.base * 2**i) for i in range(self.attempts - 1)]
 
 
-def server_message(e: ApiException) -> str:
+def is_api_error(e: BaseException) -> bool:
+    """Whether ``e`` is an answer of the API server outside 2xx: this package's client's, or the client library's."""
+    if isinstance(e, ApiException):
+        return True
+    library = sys.modules.get("kubernetes.client.exceptions")  # not loaded: none of its errors can exist
+    return library is not None and isinstance(e, library.ApiException)
+
+
+def server_message(e: Any) -> str:
     """The API server's own explanation from an error body (with field causes when given)."""
     try:
         body = json.loads(e.body or "{}")
@@ -115,8 +126,8 @@ def translate(e: BaseException, what: str) -> KfpTrainerError:
         >>> print(translate(e, "create TrainJob ns/x"))
         create TrainJob ns/x: refused by the cluster's policy: admission webhook v.example.com denied the request: no GPUs on Sundays
     """
-    if isinstance(e, ApiException):
-        status = e.status or 0
+    if is_api_error(e):
+        status = getattr(e, "status", None) or 0
         text = server_message(e)
         message = f"{what}: {text}"
         if too_large(status, text):
@@ -160,6 +171,11 @@ def missing_permission(text: str) -> str:
 TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError, TimeoutError)
 
 
+def transient(e: BaseException) -> bool:
+    """Whether :func:`call` maps (and maybe retries) ``e``: an API answer or a connection error."""
+    return isinstance(e, TRANSIENT) or is_api_error(e)
+
+
 def call(
     fn: Callable[..., T],
     *args: Any,
@@ -185,7 +201,9 @@ def call(
     for attempt in range(len(delays) + 1):
         try:
             return fn(*args, **kwargs)
-        except TRANSIENT as raw:
+        except Exception as raw:
+            if not transient(raw):
+                raise
             error = translate(raw, what)
             if not isinstance(error, InfraError) or attempt == len(delays):
                 raise error from raw
@@ -206,7 +224,34 @@ def request(
     body: Any = None,
     headers: dict[str, str] | None = None,
 ) -> Any:
-    """One request to ``path`` through the client's auth and TLS settings; raw response when streaming."""
+    """One request to ``path`` through the client's auth and TLS settings; raw response when streaming.
+
+    Raises:
+        ApiException: An answer outside 2xx (the client library's own is converted, so ``except TRANSIENT`` sees it).
+    """
+    try:
+        return _call_api(api, path, query, timeout=timeout, stream=stream, method=method, body=body, headers=headers)
+    except ApiException:
+        raise
+    except Exception as e:
+        if not is_api_error(e):
+            raise
+        converted = ApiException(status=getattr(e, "status", None), reason=getattr(e, "reason", None))
+        converted.body, converted.headers = getattr(e, "body", None), getattr(e, "headers", None)
+        raise converted from e
+
+
+def _call_api(
+    api: ApiClient,
+    path: str,
+    query: list[tuple[str, Any]],
+    *,
+    timeout: float | tuple[float, float | None],
+    stream: bool,
+    method: str,
+    body: Any,
+    headers: dict[str, str] | None,
+) -> Any:
     return api.call_api(
         path,
         method,

@@ -18,13 +18,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
-
-from kubernetes.client import ApiClient
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import KfpTrainerError
 from .api import RetryPolicy
 from .watch import Event, Handle, watch
+
+if TYPE_CHECKING:
+    from .rest import Client as ApiClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

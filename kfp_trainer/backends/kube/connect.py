@@ -25,11 +25,9 @@ import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import yaml
-from kubernetes import client, config
-from kubernetes.client import ApiClient
-
 from ...errors import ClusterUnreachableError, KfpTrainerError, UserError
+from .kubeconfig import context_namespace, load_settings
+from .rest import Client
 
 CONNECT_TIMEOUT = 10.0
 _LOCAL_HINT = "(`--local` runs on this machine without a cluster)"
@@ -43,7 +41,7 @@ def kubeconfig_files(kubeconfig: str | None = None) -> list[Path]:
     return listed or [Path("~/.kube/config").expanduser()]
 
 
-def load_client(kubeconfig: str | None = None) -> tuple[ApiClient, str]:
+def load_client(kubeconfig: str | None = None) -> tuple[Client, str]:
     """An API client (the pod's service account, else a kubeconfig) and where its settings came from.
 
     Raises:
@@ -52,10 +50,12 @@ def load_client(kubeconfig: str | None = None) -> tuple[ApiClient, str]:
     """
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
-            config.load_incluster_config()
-        except config.ConfigException as e:
+            settings = load_settings()
+        except Exception as e:
+            if not _config_error(e):
+                raise
             raise ClusterUnreachableError(f"cannot use this pod's service account to reach the cluster: {e}") from None
-        return ApiClient(), "the pod's service account"
+        return Client(settings), "the pod's service account"
     files = kubeconfig_files(kubeconfig)
     if kubeconfig and not files[0].is_file():
         raise UserError(f"--kubeconfig {kubeconfig}: no such file")
@@ -66,16 +66,24 @@ def load_client(kubeconfig: str | None = None) -> tuple[ApiClient, str]:
             f"no cluster configured: no kubeconfig at {where}; give --kubeconfig PATH or set KUBECONFIG {_LOCAL_HINT}"
         )
     source = f"kubeconfig {os.pathsep.join(str(p) for p in present)}"
-    configuration = client.Configuration()
+    import yaml
+
     try:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        settings = load_settings(kubeconfig)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise UserError(f"{source}: not valid YAML{where}") from None
-    except (config.ConfigException, OSError, ValueError, TypeError, KeyError) as e:
+    except Exception as e:
+        if not _config_error(e):
+            raise
         raise UserError(f"{source}: cannot be used: {_one_line(str(e) or type(e).__name__)}") from None
-    return ApiClient(configuration), source
+    return Client(settings), source
+
+
+def _config_error(e: Exception) -> bool:
+    """A configuration that cannot be used: the client library's ConfigException (its loader read it), or a file error."""
+    return type(e).__name__ == "ConfigException" or isinstance(e, (OSError, ValueError, TypeError, KeyError))
 
 
 def kubeconfig_namespace(kubeconfig: str | None) -> str | None:
@@ -86,14 +94,10 @@ def kubeconfig_namespace(kubeconfig: str | None) -> str | None:
     """
     if not kubeconfig:
         return None
-    try:
-        _, active = config.list_kube_config_contexts(config_file=str(Path(kubeconfig).expanduser()))
-    except (config.ConfigException, OSError, TypeError, ValueError, yaml.YAMLError):
-        return "default"
-    return ((active or {}).get("context") or {}).get("namespace") or "default"
+    return context_namespace(str(Path(kubeconfig).expanduser()))
 
 
-def connect(kubeconfig: str | None = None, *, timeout: float = CONNECT_TIMEOUT) -> ApiClient:
+def connect(kubeconfig: str | None = None, *, timeout: float = CONNECT_TIMEOUT) -> Client:
     """An API client whose first connection to the API server is already open.
 
     Raises:
@@ -105,7 +109,7 @@ def connect(kubeconfig: str | None = None, *, timeout: float = CONNECT_TIMEOUT) 
     return api
 
 
-def open_connection(api: ApiClient, *, source: str, timeout: float = CONNECT_TIMEOUT) -> None:
+def open_connection(api: Client, *, source: str, timeout: float = CONNECT_TIMEOUT) -> None:
     """Open one connection (DNS, TCP, TLS) to the API server and leave it in the client's pool for the first request.
 
     Raises:

@@ -17,30 +17,27 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any
-
-from kubernetes import client, config
-from kubernetes.client import ApiClient
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from ...errors import ForbiddenError, InfraError, RejectedError, RuntimeNotFoundError, UserError
 from ...spec import API_VERSION, GROUP, PLURAL, VERSION, ApiVersion, TrainJobInputs
 from ..base import RuntimeInfo
 from ..owner import SA_NAMESPACE
 from .api import NotFound, RetryPolicy, call, request
+from .kubeconfig import context_namespace, load_settings
+from .rest import Client
+
+if TYPE_CHECKING:
+    from .rest import Client as ApiClient
 
 log = logging.getLogger(__name__)
 PROBE_RUNTIME = "kfp-trainer-api-probe"
 
 
 def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> ApiClient:
-    """An API client from the pod's service account, else from a kubeconfig file."""
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-        return ApiClient()
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
-    return ApiClient(configuration)
+    """An API client from the pod's service account, else from a kubeconfig file (see :mod:`.kubeconfig`)."""
+    return Client(load_settings(kubeconfig, context))
 
 
 def default_namespace() -> str:
@@ -48,9 +45,8 @@ def default_namespace() -> str:
     if SA_NAMESPACE.exists():
         return SA_NAMESPACE.read_text().strip()
     try:
-        _, active = config.list_kube_config_contexts()
-        return (active.get("context") or {}).get("namespace") or "default"
-    except (config.ConfigException, OSError, TypeError):
+        return context_namespace()
+    except Exception:  # noqa: BLE001 -- an unreadable kubeconfig (the client library's ConfigException among them)
         return "default"
 
 
@@ -144,14 +140,13 @@ def version_mismatch(message: str) -> str | None:
 
 def available_runtimes(api: ApiClient, namespace: str, *, policy: RetryPolicy) -> list[str]:
     """``Kind/name`` of every runtime visible from ``namespace`` (notes where listing is not allowed)."""
-    custom = client.CustomObjectsApi(api)
     names = []
-    for kind, fn, args in (
-        ("ClusterTrainingRuntime", custom.list_cluster_custom_object, (GROUP, VERSION, "clustertrainingruntimes")),
-        ("TrainingRuntime", custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, "trainingruntimes")),
+    for kind, path in (
+        ("ClusterTrainingRuntime", f"/apis/{GROUP}/{VERSION}/clustertrainingruntimes"),
+        ("TrainingRuntime", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainingruntimes"),
     ):
         try:
-            items = call(fn, *args, what=f"list {kind}s", policy=policy).get("items") or []
+            items = call(request, api, path, [], timeout=(10, 60), what=f"list {kind}s", policy=policy).get("items") or []
         except UserError:
             names.append(f"({kind}s: not allowed to list)")
             continue
@@ -161,29 +156,13 @@ def available_runtimes(api: ApiClient, namespace: str, *, policy: RetryPolicy) -
 
 def resolve_runtime(api: ApiClient, inputs: TrainJobInputs, *, namespace: str, api_version: ApiVersion, policy: RetryPolicy) -> RuntimeInfo:
     """Fetch the referenced runtime; raise :class:`RuntimeNotFoundError` listing those that exist."""
-    custom = client.CustomObjectsApi(api)
+    name = quote(inputs.runtime, safe="")
+    if inputs.runtime_kind == "TrainingRuntime":
+        path, what = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainingruntimes/{name}", f"{namespace}/{inputs.runtime}"
+    else:
+        path, what = f"/apis/{GROUP}/{VERSION}/clustertrainingruntimes/{name}", inputs.runtime
     try:
-        if inputs.runtime_kind == "TrainingRuntime":
-            runtime: dict[str, Any] = call(
-                custom.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                "trainingruntimes",
-                inputs.runtime,
-                what=f"get TrainingRuntime {namespace}/{inputs.runtime}",
-                policy=policy,
-            )
-        else:
-            runtime = call(
-                custom.get_cluster_custom_object,
-                GROUP,
-                VERSION,
-                "clustertrainingruntimes",
-                inputs.runtime,
-                what=f"get ClusterTrainingRuntime {inputs.runtime}",
-                policy=policy,
-            )
+        runtime: dict[str, Any] = call(request, api, path, [], timeout=(10, 60), what=f"get {inputs.runtime_kind} {what}", policy=policy)
     except NotFound:
         available = available_runtimes(api, namespace, policy=policy)
         raise RuntimeNotFoundError(

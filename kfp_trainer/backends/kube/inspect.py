@@ -30,10 +30,7 @@ Example:
 from __future__ import annotations
 
 import re
-from typing import Any
-
-from kubernetes import client
-from kubernetes.client import ApiClient
+from typing import TYPE_CHECKING, Any
 
 from ...errors import UserError
 from ...jobstatus import JobRef
@@ -42,6 +39,11 @@ from ..base import Blocker
 from .api import RetryPolicy, call
 from .cache import ObjectCache
 from .leftovers import JOBSET_LABEL
+
+if TYPE_CHECKING:
+    from kubernetes import client
+
+    from .rest import Client as ApiClient
 
 IMAGE_ERRORS = {
     "ErrImagePull": False,
@@ -332,6 +334,7 @@ def pod_summary(pod: client.V1Pod) -> tuple[str, tuple[str, str, bool] | None]:
     non-zero, or None.
 
     Example:
+        >>> from kubernetes import client
         >>> cs = client.V1ContainerStatus(name="node", image="i", image_id="", ready=False, restart_count=0,
         ...     state=client.V1ContainerState(terminated=client.V1ContainerStateTerminated(exit_code=137, reason="OOMKilled")))
         >>> pod = client.V1Pod(metadata=client.V1ObjectMeta(name="tj-node-0-0-x"), spec=client.V1PodSpec(containers=[], node_name="n1"),
@@ -354,6 +357,8 @@ def pod_summary(pod: client.V1Pod) -> tuple[str, tuple[str, str, bool] | None]:
 
 def diagnose(api: ApiClient, ref: JobRef, *, tail: int = 40, created: str = "", policy: RetryPolicy = RetryPolicy()) -> str:
     """Failed pods, recent events and the failing container's last log lines."""
+    from kubernetes import client  # typed pods and events: the generated models, off the launch path
+
     core = client.CoreV1Api(api)
     parts: list[str] = []
     try:

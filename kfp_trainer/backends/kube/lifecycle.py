@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
-
-from kubernetes import client
-from kubernetes.client import ApiClient
+from typing import TYPE_CHECKING, Any
 
 from ... import cancel
 from ...errors import DeletionTimeoutError, ForbiddenError, OwnershipError, RejectedError, UserError
@@ -36,7 +33,11 @@ from ..owner import describe
 from .api import Conflict, NotFound, RetryPolicy, call
 from .discovery import version_mismatch
 from .leftovers import JOBSET_LABEL, Leftover, leftovers_message
+from .objects import CustomObjects, Pods
 from .watch import wait_gone
+
+if TYPE_CHECKING:
+    from .rest import Client as ApiClient
 
 log = logging.getLogger(__name__)
 CREATE_TIMEOUT = (10, 20)  # a stop signal waits for the create's answer: keep it short
@@ -53,8 +54,8 @@ class Lifecycle:
         self.api = api
         self.policy = policy
         self.replace_timeout = replace_timeout
-        self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
+        self.custom = CustomObjects(api)
+        self.core = Pods(api)
         self.seen: dict[tuple[str, str], dict[str, Any]] = {}  # the job as created or adopted: its watch starts there
 
     # ------------------------------------------------------------------ requests

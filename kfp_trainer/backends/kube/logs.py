@@ -28,10 +28,9 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import urllib3
-from kubernetes.client import ApiClient
 
 from ...errors import ForbiddenError, KfpTrainerError
 from ...timestamps import Timestamp, parse_timestamp, rfc3339
@@ -39,6 +38,9 @@ from ..base import LogLine, LogSink
 from .api import NotFound, RetryPolicy, call, request
 from .cache import ObjectCache
 from .watch import lines, shutdown
+
+if TYPE_CHECKING:
+    from .rest import Client as ApiClient
 
 log = logging.getLogger(__name__)
 CONTAINER = "node"

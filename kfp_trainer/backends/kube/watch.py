@@ -31,14 +31,16 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import urllib3
-from kubernetes.client import ApiClient
 
 from ... import cancel
 from ...errors import InfraError, KfpTrainerError, RejectedError, UserError
 from .api import TRANSIENT, Gone, NotFound, RetryPolicy, call, request, translate
+
+if TYPE_CHECKING:
+    from .rest import Client as ApiClient
 
 log = logging.getLogger(__name__)
 Event = tuple[str, dict[str, Any]]
