@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test unit lint lint-workflows compile images browser debootstrap test-images host-packages cluster-build cluster-up cluster-status cluster-down reliability bench clean
+.PHONY: setup demo test test-prerequisites unit lint lint-workflows compile images browser debootstrap test-images host-packages cluster-build cluster-up cluster-status cluster-down reliability bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -102,9 +102,12 @@ reliability: setup cluster-build
 bench: setup cluster-build
 	$(PY) -m bench.run $(BENCH_ARGS)
 
-# The control plane's Go build (CPU) and the images (mostly downloads and disk) run side by side.
-test: setup lint browser host-packages
-	$(MAKE) -j2 cluster-build test-images
+# The control plane's Go build (CPU) runs beside the Python setup, the lint and the images (mostly
+# downloads and disk). The two apt installs come first, one after the other (apt takes one at a time).
+test: host-packages browser
+	$(MAKE) -j2 cluster-build test-prerequisites
+
+test-prerequisites: setup lint test-images
 	$(PY) -m pytest --doctest-modules kfp_trainer tests
 
 clean:
