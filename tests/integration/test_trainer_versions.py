@@ -23,12 +23,11 @@ from helpers import pods
 from kubernetes import client
 from testcluster import PodScript, TestCluster
 
-from kfp_trainer import spec
+from kfp_trainer import custom_trainer, spec
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import InvalidSpecErrors, RejectedError
 from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.llm import inputs as llm_inputs
-from kfp_trainer.llm import render as llm_render
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(240)
@@ -95,7 +94,8 @@ def _trainjobs(api, namespace: str) -> list[dict]:
 def test_the_launcher_detects_the_releases_trainer_api(cluster, api_client, namespace):
     backend = _backend(api_client, namespace)
     assert backend.detect_api_version() == API_OF[cluster.trainer_version]
-    manifest, api_version, _ = Launcher(backend, out=io.StringIO()).prepare(_inputs(namespace, node_selector={"a": "b"}))
+    job = Launcher(backend, out=io.StringIO()).prepare(_inputs(namespace, node_selector={"a": "b"}))
+    manifest, api_version = job.manifest, job.api_version
     assert api_version == API_OF[cluster.trainer_version]
     overrides = "podTemplateOverrides" if api_version == "v2.1" else "runtimePatches"
     assert overrides in manifest["spec"] and {"podTemplateOverrides", "runtimePatches"} - {overrides} & set(manifest["spec"]) == set()
@@ -128,7 +128,7 @@ def test_a_function_trainer_runs_on_the_release(cluster, api_client, namespace):
     settings = llm_inputs.FunctionTrainerSettings.from_function(
         sdk_functions.decorated, func_args={"lr": 0.5}, num_nodes=2, resources_per_node={"cpu": 2}
     )
-    trainer = llm_render.render_function(runtime, settings).spec["trainer"]
+    trainer = custom_trainer.render_function(runtime, settings).sdk_spec()["trainer"]
     lines = ['{"epoch": 0, "loss": 0.5}', '{"epoch": 1, "loss": 0.25}']
     inp = _inputs(
         namespace,
