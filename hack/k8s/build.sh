@@ -19,7 +19,8 @@
 # Older Trainer releases (OLD_TRAINERS) get a controllers binary each, in a cache directory
 # of their own keyed by the Trainer and JobSet versions and a digest of the sources: the
 # wrapper's Go files with the release's overlay hack/k8s/controllers/<version>/ (its go.mod,
-# go.sum and the files whose upstream APIs differ) copied over them.
+# go.sum, its release.go -- what differs between the releases' APIs, behind the names
+# that the shared main.go calls -- and any other file whose upstream APIs differ) copied over them.
 #
 # Output (stdout): lines CONTROLLERS_BIN=<path of the controllers binary>,
 # KUBELET_BIN=<kubelet>, COREDNS_BIN=<coredns>, NODE_IMAGES=<dir of pause.tar and
@@ -248,7 +249,8 @@ build_controllers() {
   mv -f "$WORK/controllers/controllers" "$CTRL_BIN"
 }
 
-# An older Trainer's controllers: the wrapper's files with the release's overlay on top.
+# An older Trainer's controllers: the wrapper's files (the shared main.go, v2.3.0's
+# release.go, ...) with the release's overlay (its go.mod, go.sum, release.go, ...) on top.
 build_old_controllers() { # <trainer version>
   local v="$1" src="$WORK/src-$1" out="$WORK/out-$1"
   mkdir -p "$src" "$out" "$(dirname "${OLD_CTRL_BIN[$v]}")"

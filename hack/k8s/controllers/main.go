@@ -9,6 +9,10 @@
 //	controllers --kubeconfig K --cert-dir D --webhook-port P --health-port H \
 //	    [--metrics-port M] [--feature-gates TrainJobStatus=true --status-server-port S]
 //
+// This file is the same for every Trainer release built (hack/k8s/build.sh): what
+// differs between their APIs lives in release.go (Trainer v2.3.0 here; an older
+// release's overlay folder, hack/k8s/controllers/<version>/, brings its own).
+//
 // Readiness (GET http://127.0.0.1:H/readyz) turns OK once the webhook server
 // listens and the webhook configurations point at it.
 package main
@@ -34,16 +38,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	jobsetv1alpha2 "sigs.k8s.io/jobset/api/jobset/v1alpha2"
 	jobsetcontrollers "sigs.k8s.io/jobset/pkg/controllers"
-	jobsetwebhooks "sigs.k8s.io/jobset/pkg/webhooks"
 	schedulerpluginsv1alpha1 "sigs.k8s.io/scheduler-plugins/apis/scheduling/v1alpha1"
 	volcanov1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	trainerconfigapi "github.com/kubeflow/trainer/v2/pkg/apis/config/v1alpha1"
 	trainerv1alpha1 "github.com/kubeflow/trainer/v2/pkg/apis/trainer/v1alpha1"
-	trainerconfig "github.com/kubeflow/trainer/v2/pkg/config"
 	trainercontroller "github.com/kubeflow/trainer/v2/pkg/controller"
-	trainerfeatures "github.com/kubeflow/trainer/v2/pkg/features"
-	trainerruntimecore "github.com/kubeflow/trainer/v2/pkg/runtime/core"
 	trainerwebhooks "github.com/kubeflow/trainer/v2/pkg/webhooks"
 )
 
@@ -102,7 +102,11 @@ func run(o options) error {
 			return fmt.Errorf("--feature-gates: %w", err)
 		}
 	}
-	statusServer := trainerfeatures.Enabled(trainerfeatures.TrainJobStatus)
+	for _, name := range missingWebhooks {
+		delete(mutating, name)
+		delete(validating, name)
+	}
+	statusServer := statusServerEnabled()
 	if statusServer && o.statusServerPort == 0 {
 		return fmt.Errorf("the TrainJobStatus gate needs --status-server-port")
 	}
@@ -112,15 +116,11 @@ func run(o options) error {
 		return fmt.Errorf("certificates: %w", err)
 	}
 
-	// The Trainer's defaults (client QPS, status server settings), with our own listeners.
-	mgrOpts, cfg, err := trainerconfig.Load(scheme, "")
+	// The release's manager options and Trainer configuration, with our own listeners.
+	mgrOpts, cfg, err := loadTrainerConfig(o.statusServerPort)
 	if err != nil {
 		return fmt.Errorf("trainer configuration: %w", err)
 	}
-	disabled := false
-	cfg.CertManagement.Enable = &disabled
-	port := int32(o.statusServerPort)
-	cfg.StatusServer.Port = &port
 	mgrOpts.LeaderElection = false
 	mgrOpts.HealthProbeBindAddress = loopback(o.healthPort)
 	mgrOpts.Metrics = metricsserver.Options{BindAddress: "0"}
@@ -134,7 +134,7 @@ func run(o options) error {
 	})
 
 	restCfg := ctrl.GetConfigOrDie()
-	trainerconfig.ApplyClientConnection(restCfg, &cfg)
+	applyClientConnection(restCfg, cfg)
 	mgr, err := ctrl.NewManager(restCfg, mgrOpts)
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)
@@ -148,20 +148,19 @@ func run(o options) error {
 	if err := jobsetcontrollers.SetupPodIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return fmt.Errorf("jobset pod indexes: %w", err)
 	}
-	if err := jobsetcontrollers.NewJobSetReconciler(mgr.GetClient(), mgr.GetScheme(), mgr.GetEventRecorder("jobset")).
-		SetupWithManager(mgr); err != nil {
+	jobSetReconciler, podReconciler := newJobSetReconcilers(mgr)
+	if err := jobSetReconciler.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("jobset controller: %w", err)
 	}
-	if err := jobsetcontrollers.NewPodReconciler(mgr.GetClient(), mgr.GetScheme(), mgr.GetEventRecorder("pod")).
-		SetupWithManager(mgr); err != nil {
+	if err := podReconciler.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("jobset pod controller: %w", err)
 	}
-	if err := jobsetwebhooks.Setup(mgr); err != nil {
+	if err := setupJobSetWebhooks(mgr); err != nil {
 		return fmt.Errorf("jobset webhooks: %w", err)
 	}
 
 	// Trainer (its cmd/trainer-controller-manager, without the certificate manager).
-	runtimes, err := trainerruntimecore.New(ctx, mgr.GetClient(), mgr.GetFieldIndexer(), &cfg)
+	runtimes, err := newRuntimes(ctx, mgr, cfg)
 	if err != nil {
 		return fmt.Errorf("trainer runtimes: %w", err)
 	}
@@ -172,7 +171,7 @@ func run(o options) error {
 		return fmt.Errorf("trainer webhook %s: %w", name, err)
 	}
 	if statusServer {
-		if err := setupStatusServer(ctx, mgr, &cfg, certs, o.statusServerPort); err != nil {
+		if err := setupStatusServer(ctx, mgr, cfg, certs, o.statusServerPort); err != nil {
 			return fmt.Errorf("trainer status server: %w", err)
 		}
 	}
