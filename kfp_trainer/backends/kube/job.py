@@ -46,6 +46,7 @@ class KubeJob(JobHandle):
         self.known = known
         self.created = str(((known or {}).get("metadata") or {}).get("creationTimestamp") or "")
         self._tracker: inspect.JobTracker | None = None
+        self._lock = threading.Lock()  # the status watch and the log thread both ask for the tracker
 
     @property
     def trainer_job(self) -> str:
@@ -54,10 +55,11 @@ class KubeJob(JobHandle):
 
     def tracker(self) -> inspect.JobTracker:
         """The job's pod and event watches, opened on first use."""
-        if self._tracker is None:
-            b = self.backend
-            self._tracker = inspect.JobTracker(b.api, self.ref, created=self.created, policy=b.policy, timeout_seconds=b.watch_timeout)
-        return self._tracker
+        with self._lock:
+            if self._tracker is None:
+                b = self.backend
+                self._tracker = inspect.JobTracker(b.api, self.ref, created=self.created, policy=b.policy, timeout_seconds=b.watch_timeout)
+            return self._tracker
 
     def watch(self, *, resource_version: str | None = None) -> Iterator[JobStatus | None]:
         """Status changes of the TrainJob (one watch, resumed from resourceVersion); ``None`` = heartbeat."""
@@ -155,7 +157,8 @@ class KubeJob(JobHandle):
 
     def release(self) -> None:
         """Stop the watches kept for the job (pods, events)."""
-        tracker, self._tracker = self._tracker, None
+        with self._lock:
+            tracker, self._tracker = self._tracker, None
         if tracker is not None:
             tracker.close()
 
