@@ -27,6 +27,9 @@ runtime's nodes run its own ``tune run`` command, see :mod:`.local_torchtune`);
 ClusterTrainingRuntime/TrainingRuntime YAML files in ``runtimes_dir`` (or
 ``$KFP_TRAINER_RUNTIMES_DIR``) are read too, so local runs mirror a cluster's runtimes.
 ``hostPath`` volumes the trainer mounts under ``/workspace`` become links in the job's workspace.
+:meth:`LocalBackend.submit` hands back the job's handle, a :class:`~.local_job.LocalJob`
+(watch, logs, diagnosis); the backend keeps only the runs this process supervises, so that
+deleting by ref (a replaced or reclaimed job) stops their processes too.
 """
 
 from __future__ import annotations
