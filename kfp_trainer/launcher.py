@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from . import cancel, spec
-from .backends.base import Backend, Blocker, RuntimeInfo, Submission
+from .backends.base import Backend, Blocker, JobHandle, RuntimeInfo, Submission
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
 from .jobstatus import JobRef, JobStatus, Phase
 from .metrics import MetricSeries, from_trainer_status
@@ -123,6 +123,13 @@ class _Follow:
         )
 
 
+def _handle(submission: Submission) -> JobHandle:
+    """The submitted job's handle (every backend's submit sets it)."""
+    if submission.job is None:
+        raise TypeError(f"the backend's submit returned no handle for TrainJob {submission.ref}")
+    return submission.job
+
+
 def _close(statuses: Iterator[JobStatus | None]) -> None:
     close = getattr(statuses, "close", None)  # a generator's; a plain iterator has none
     if close is not None:
@@ -173,6 +180,7 @@ class Launcher:
             manifest, api_version, runtime = job.manifest, job.api_version, job.runtime_name
             cancel.check()  # a stop signal while preparing: nothing was created
             submission = self._submit(manifest, job.runtime)
+            handle = _handle(submission)
             try:
                 cancel.check()  # a stop signal while submit returned: the job is known, and deleted below
                 outcome = Outcome(
@@ -184,19 +192,19 @@ class Launcher:
                     runtime=runtime,
                     api_version=api_version,
                 )
-                self._announce(submission, outcome)
-                self._follow(outcome)
+                self._announce(submission, handle, outcome)
+                self._follow(outcome, handle)
             except (CancelledError, TimeLimitError, CannotStartError) as e:
                 self.say(f"{type(e).__name__}: deleting TrainJob {submission.ref}")
-                self._delete(submission.ref)
+                self._delete(handle)
                 raise
             except InfraError:
                 self.say(f"lost the API server; TrainJob {submission.ref} is left running for a retry to adopt")
                 raise
             finally:
-                self.backend.release(submission.ref)
+                handle.release()
             if self.options.delete_after_success:
-                self._delete(outcome.ref)
+                self._delete(handle)
         return outcome
 
     def _submit(self, manifest: dict[str, Any], runtime: RuntimeInfo) -> Submission:
@@ -211,39 +219,39 @@ class Launcher:
             self.say(f"cancelled while submitting; {done or 'no TrainJob was created'}")
             raise
 
-    def _announce(self, submission: Submission, outcome: Outcome) -> None:
+    def _announce(self, submission: Submission, handle: JobHandle, outcome: Outcome) -> None:
         now = time.time()
         verb = "adopted existing" if submission.adopted else ("replaced failed" if submission.replaced else "created")
         outcome.timeline.append((now, f"TrainJob {verb}"))
         for note in submission.notes:
             self.say(note)
         self.say(f"{verb} TrainJob {submission.ref} (runtime {outcome.runtime}, Trainer API {outcome.api_version})")
-        self.say("inspect it with:\n" + self.backend.inspect_hint(submission.ref))
+        self.say("inspect it with:\n" + handle.inspect_hint())
         if self.on_submitted:
             self.on_submitted(submission.ref)
 
-    def _delete(self, ref: JobRef) -> None:
+    def _delete(self, handle: JobHandle) -> None:
         # Nothing on a deletion's way looks for stop signals: a second SIGTERM cannot abort it.
         try:
-            left = self.backend.delete(ref, wait=self.options.delete_timeout)
+            left = handle.delete(wait=self.options.delete_timeout)
         except Exception as e:  # report, but do not hide the original error
-            self.say(f"could not delete TrainJob {ref}: {e}")
+            self.say(f"could not delete TrainJob {handle.ref}: {e}")
             return
         if left:
             self.say(str(left))
 
-    def _follow(self, outcome: Outcome) -> None:
+    def _follow(self, outcome: Outcome, handle: JobHandle) -> None:
         """Follow the job to its end: statuses, time limits, blockers, the trainer's log."""
         follow = _Follow.of(outcome, self.clock())
         if follow.remote:
             self.say(f"{spec.MULTIKUEUE} runs this TrainJob on a worker cluster: its status is mirrored here, its pods and logs are there")
         stop = threading.Event()
         printer = Printer(self.out, outcome.metrics, self.options.logs == "all", lambda: self._mark_started(outcome, follow))
-        statuses = self.backend.watch(outcome.ref)
+        statuses = handle.watch()
         logs_thread: threading.Thread | None = None
         failing = True
         try:
-            logs_thread = self._start_logs(outcome.ref, follow, printer, stop)  # inside: a cancel right after stops it below
+            logs_thread = self._start_logs(handle, follow, printer, stop)  # inside: a cancel right after stops it below
             for status in statuses:
                 cancel.check()  # at each status and heartbeat
                 now = self.clock()
@@ -251,7 +259,7 @@ class Launcher:
                     follow.times.observe(Phase.RUNNING, follow.started_at[0])
                 if status is not None and self._observe(outcome, follow, status, now):
                     break
-                self._check_limits(outcome.ref, follow, now)
+                self._check_limits(handle, follow, now)
             failing = False
         finally:
             _close(statuses)
@@ -261,19 +269,18 @@ class Launcher:
             outcome.times, outcome.queue, outcome.progress = follow.times.totals(self.clock()), follow.queue, list(follow.progress.history)
             outcome.preemptions = follow.times.preemptions
         cancel.check()  # a stop signal while the log drained: the job is deleted like any other
-        self._conclude(outcome, follow)
+        self._conclude(outcome, follow, handle)
 
     def _mark_started(self, outcome: Outcome, follow: _Follow) -> None:
         if not follow.started_at:
             follow.started_at.append(self.clock())
             outcome.timeline.append((time.time(), "trainer started"))
 
-    def _start_logs(self, ref: JobRef, follow: _Follow, printer: Printer, stop: threading.Event) -> threading.Thread | None:
+    def _start_logs(self, handle: JobHandle, follow: _Follow, printer: Printer, stop: threading.Event) -> threading.Thread | None:
         if self.options.logs == "none" or follow.remote:
             return None
         thread = threading.Thread(
-            target=self.backend.follow_logs,
-            args=(ref,),
+            target=handle.follow_logs,
             kwargs={"nodes": self.options.logs, "sink": printer, "stop": stop},
             name="trainer-logs",
             daemon=True,
@@ -307,23 +314,23 @@ class Launcher:
             return True
         return False
 
-    def _check_limits(self, ref: JobRef, follow: _Follow, now: float) -> None:
+    def _check_limits(self, handle: JobHandle, follow: _Follow, now: float) -> None:
         """Raise when a time limit passed or a blocker outlasted its grace."""
         options, times = self.options, follow.times
         limit = times.exceeded(now, start_timeout=options.start_timeout, queue_timeout=options.queue_timeout,
                                run_timeout=options.run_timeout, queue=follow.queue)  # fmt: skip
         if limit:
-            diagnosis = self._diagnose(ref, {} if times.started else follow.blockers)
-            raise TimeLimitError(f"TrainJob {ref} {limit[1]}", reason=limit[0], diagnosis=diagnosis)
+            diagnosis = self._diagnose(handle, {} if times.started else follow.blockers)
+            raise TimeLimitError(f"TrainJob {handle.ref} {limit[1]}", reason=limit[0], diagnosis=diagnosis)
         waiting = times.state in ("queued", PREEMPTED)
         if now - follow.last_check >= options.blocker_check_interval and not follow.remote and (waiting or not times.started):
             follow.last_check = now
             if waiting:
-                self._queue_notes(ref, follow.queue)
+                self._queue_notes(handle, follow.queue)
             if not times.started:
-                self._check_blockers(ref, follow.blockers, now)  # queued too: e.g. its JobSet cannot be made
+                self._check_blockers(handle, follow.blockers, now)  # queued too: e.g. its JobSet cannot be made
 
-    def _conclude(self, outcome: Outcome, follow: _Follow) -> None:
+    def _conclude(self, outcome: Outcome, follow: _Follow, handle: JobHandle) -> None:
         """Say how the job ended; raise :class:`JobFailedError` unless it succeeded."""
         outcome.metrics.extend(from_trainer_status(outcome.status if "trainerStatus" in outcome.status else follow.progress.status()))
         if outcome.phase is Phase.SUCCEEDED:
@@ -338,7 +345,7 @@ class Launcher:
         raise JobFailedError(
             f"TrainJob {outcome.ref} {what}: {outcome.reason or 'no reason given'}: {outcome.message}".rstrip(": "),
             reason=outcome.reason,
-            diagnosis=self._diagnose(outcome.ref, {}),
+            diagnosis=self._diagnose(handle, {}),
         )
 
     def _on_phase(self, status: JobStatus, times: PhaseTimes, now: float, queue: str) -> str:
@@ -372,17 +379,17 @@ class Launcher:
             self.say("waiting for the trainer to start")
         return note
 
-    def _queue_notes(self, ref: JobRef, queue: str) -> None:  # what the queue says (Kueue's Workload events), each once
+    def _queue_notes(self, handle: JobHandle, queue: str) -> None:  # what the queue says (Kueue's Workload events), each once
         try:
-            for note in self.backend.queue_notes(ref):
+            for note in handle.queue_notes():
                 self.say(f"queue {queue or '?'}: {note}")
         except CancelledError:
             raise
         except Exception as e:  # what the queue says is a courtesy: never fail the step for it
             log.debug("queue notes unavailable: %s", e)
 
-    def _check_blockers(self, ref: JobRef, seen: dict[str, float], now: float) -> None:
-        current = self.backend.blockers(ref)
+    def _check_blockers(self, handle: JobHandle, seen: dict[str, float], now: float) -> None:
+        current = handle.blockers()
         reasons = {b.reason for b in current}
         for reason in list(seen):
             if reason not in reasons:
@@ -394,14 +401,14 @@ class Launcher:
             grace = self.options.fatal_blocker_grace if blocker.fatal else self.options.blocker_grace
             if now - first >= grace:
                 raise CannotStartError(
-                    f"TrainJob {ref} cannot start: {blocker} (for {now - first:.0f}s)",
+                    f"TrainJob {handle.ref} cannot start: {blocker} (for {now - first:.0f}s)",
                     reason=blocker.reason,
-                    diagnosis=self._diagnose(ref, seen, current),
+                    diagnosis=self._diagnose(handle, seen, current),
                 )
 
-    def _diagnose(self, ref: JobRef, seen: dict[str, float], blockers: list[Blocker] | None = None) -> str:
+    def _diagnose(self, handle: JobHandle, seen: dict[str, float], blockers: list[Blocker] | None = None) -> str:
         try:
-            report = self.backend.diagnose(ref)
+            report = handle.diagnose()
         except CancelledError:  # a cancel while diagnosing is a cancel: the job gets deleted
             raise
         except Exception as e:  # the diagnosis must not hide the failure itself
@@ -409,4 +416,4 @@ class Launcher:
         cancel.check()  # diagnosing takes requests: a stop signal meanwhile wins over the failure
         if blockers:
             report = "Blockers:\n" + "\n".join(f"  {b}" for b in blockers) + ("\n\n" + report if report else "")
-        return report + "\n\nInspect with:\n" + self.backend.inspect_hint(ref)
+        return report + "\n\nInspect with:\n" + handle.inspect_hint()

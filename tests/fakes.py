@@ -3,7 +3,9 @@
 It plays one job from a script -- statuses, and numbers that advance a fake clock by that
 many seconds and stand for a heartbeat -- records every call, and runs a hook at the moments
 a test wants to act on (send a signal, raise): ``prepare``, ``create``, ``watch``,
-``diagnose``, ``delete``. Tests subclass it to change one part (what submit writes, the log).
+``logs`` (the log follower starts), ``diagnose``, ``delete``. Its submit hands back a :class:`FakeJob` (the job's handle) that
+plays the backend's script. Tests subclass it to change one part (what submit writes), or
+subclass :class:`FakeJob` and name it in ``job_type`` (how the job behaves: its log).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 
 from kfp_trainer import cancel
-from kfp_trainer.backends.base import Backend, Blocker, LogLine, LogSink, RuntimeInfo, Submission
+from kfp_trainer.backends.base import Backend, Blocker, JobHandle, LogLine, LogSink, RuntimeInfo, Submission
 from kfp_trainer.jobstatus import JobRef, JobStatus
 
 
@@ -44,6 +46,60 @@ class FakeClock:
         return self.now
 
 
+class FakeJob(JobHandle):
+    """The handle :meth:`FakeBackend.submit` hands back: it plays the backend's script and hooks."""
+
+    def __init__(self, backend: FakeBackend, ref: JobRef) -> None:
+        super().__init__(ref)
+        self.backend = backend
+
+    @property
+    def lines(self) -> list[str]:
+        """The trainer's log lines."""
+        return self.backend.lines
+
+    def watch(self) -> Iterator[JobStatus | None]:
+        b = self.backend
+        b._hook("watch")
+        for item in b.script:
+            if isinstance(item, (int, float)):
+                b.clock.now += item
+                yield None
+            else:
+                yield item
+        while b.idle:
+            time.sleep(0.01)
+            yield None
+
+    def blockers(self) -> list[Blocker]:
+        return list(self.backend.blocker_list)
+
+    def queue_notes(self) -> list[str]:
+        b = self.backend
+        out, b.queue = b.queue[:1], b.queue[1:]
+        return out
+
+    def follow_logs(self, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
+        self.backend._hook("logs")
+        for line in self.backend.lines:
+            sink(LogLine("node-0", line))
+        if self.backend.hold_logs:
+            stop.wait(60)  # like a real follower: until the launcher says the job is over
+
+    def diagnose(self, *, tail: int = 40) -> str:
+        self.backend._hook("diagnose")
+        return "Pods:\n  x-node-0-0: Failed"
+
+    def delete(self, *, wait: float = 30.0) -> str:
+        return self.backend.delete(self.ref, wait=wait)
+
+    def release(self) -> None:
+        self.backend.released.append(self.ref)
+
+    def inspect_hint(self) -> str:
+        return f"  kubectl get trainjob -n {self.ref.namespace} {self.ref.name}"
+
+
 class FakeBackend(Backend):
     """A backend that plays one job; see the module docstring.
 
@@ -59,6 +115,8 @@ class FakeBackend(Backend):
         left: What :meth:`delete` reports as left.
         hooks: ``name -> callable`` run at that moment (see the module docstring).
     """
+
+    job_type: type[FakeJob] = FakeJob  # the handle submit hands back
 
     def __init__(
         self,
@@ -95,6 +153,7 @@ class FakeBackend(Backend):
         self.deleted: list[JobRef] = []
         self.reclaimed: list[str] = []
         self.released: list[JobRef] = []
+        self.jobs: list[FakeJob] = []  # the handles submit handed back
         self.exists = False
         self.delete_finished = False
 
@@ -134,7 +193,9 @@ class FakeBackend(Backend):
         self.create(manifest)
         self.exists = True
         cancel.check()  # as the Kubernetes backend once its create request returned
-        return Submission(JobRef(manifest["metadata"].get("namespace") or self.namespace, name, "uid-1"), adopted=False, notes=self.notes)
+        ref = JobRef(manifest["metadata"].get("namespace") or self.namespace, name, "uid-1")
+        self.jobs.append(self.job_type(self, ref))
+        return Submission(ref, adopted=False, notes=self.notes, job=self.jobs[-1])
 
     def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
         self.reclaimed.append(manifest["metadata"]["name"])
@@ -143,35 +204,6 @@ class FakeBackend(Backend):
         self.exists = False
         return f"deleted TrainJob {self.namespace}/{manifest['metadata']['name']}"
 
-    def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
-        self._hook("watch")
-        for item in self.script:
-            if isinstance(item, (int, float)):
-                self.clock.now += item
-                yield None
-            else:
-                yield item
-        while self.idle:
-            time.sleep(0.01)
-            yield None
-
-    def blockers(self, ref: JobRef) -> list[Blocker]:
-        return list(self.blocker_list)
-
-    def queue_notes(self, ref: JobRef) -> list[str]:
-        out, self.queue = self.queue[:1], self.queue[1:]
-        return out
-
-    def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
-        for line in self.lines:
-            sink(LogLine("node-0", line))
-        if self.hold_logs:
-            stop.wait(60)  # like a real follower: until the launcher says the job is over
-
-    def diagnose(self, ref: JobRef, *, tail: int = 40) -> str:
-        self._hook("diagnose")
-        return "Pods:\n  x-node-0-0: Failed"
-
     def delete(self, ref: JobRef, *, wait: float = 30.0) -> str:
         self.calls.append(("delete", ref.name))
         self.deleted.append(ref)
@@ -179,9 +211,3 @@ class FakeBackend(Backend):
         self.exists = False
         self.delete_finished = True
         return self.left
-
-    def release(self, ref: JobRef) -> None:
-        self.released.append(ref)
-
-    def inspect_hint(self, ref: JobRef) -> str:
-        return f"  kubectl get trainjob -n {ref.namespace} {ref.name}"

@@ -1,21 +1,25 @@
 """The small protocol both backends implement, and the values they exchange with the launcher.
 
 A backend knows how to run one TrainJob somewhere (a Kubernetes cluster, this machine) and
-knows nothing of KFP. The launcher drives it:
+knows nothing of KFP. Submitting hands back a :class:`JobHandle`, the one place a submitted
+job's state lives (its ref, the runtime it was rendered for, its watches); the launcher drives
+the rest through it:
 
     info = backend.resolve_runtime(inputs)          # the runtime exists? which API version?
     manifest = spec.render(inputs, api_version=info.api_version, ...)
-    sub = backend.submit(manifest)                  # create, or adopt the job of an earlier try
-    for status in backend.watch(sub.ref): ...       # status changes; None = heartbeat
-    backend.follow_logs(sub.ref, nodes, sink, stop) # in a thread
-    backend.diagnose(sub.ref)                       # on failure: pods, events, log tail
-    backend.delete(sub.ref)                         # on cancel, time limit, or clean-up
+    sub = backend.submit(manifest, runtime=info)    # create, or adopt the job of an earlier try
+    job = sub.job
+    for status in job.watch(): ...                  # status changes; None = heartbeat
+    job.follow_logs(nodes=..., sink=..., stop=...)  # in a thread
+    job.diagnose()                                  # on failure: pods, events, log tail
+    job.delete()                                    # on cancel, time limit, or clean-up
+    job.release()                                   # stop what is kept running for it
 
-Three more have a default that does nothing, for a backend with nothing to do there:
-``reclaim(manifest, wait=...)`` deletes the job a cancelled :meth:`~Backend.submit` may have
-created (and says what it did), ``release(ref)`` stops whatever the backend keeps running for a
-job it no longer follows, and ``queue_notes(ref)`` says what the job's queue (Kueue) reported
-since the last call. The job's identity and status types live in :mod:`kfp_trainer.jobstatus`.
+The backend itself keeps no per-job state. Besides ``submit`` it deletes a job it holds no
+handle for (``delete(ref)``: garbage collection, the command line) and ``reclaim(manifest,
+wait=...)``, with a default that does nothing, deletes the job a cancelled
+:meth:`~Backend.submit` may have created (and says what it did). The job's identity and status
+types live in :mod:`kfp_trainer.jobstatus`.
 """
 
 from __future__ import annotations
@@ -96,12 +100,13 @@ class RuntimeInfo:
 
 @dataclass(frozen=True)
 class Submission:
-    """Result of :meth:`Backend.submit`."""
+    """Result of :meth:`Backend.submit`: the job's ref, how it came to be, and its handle."""
 
     ref: JobRef
     adopted: bool  # True when an earlier try's TrainJob was found and followed
     replaced: bool = False  # True when an earlier try's Failed TrainJob was replaced
     notes: tuple[str, ...] = ()  # what else submitting did, for the step's log (e.g. a stale job replaced)
+    job: JobHandle | None = field(default=None, compare=False, repr=False)  # set by every backend's submit
 
 
 @dataclass(frozen=True)
@@ -151,11 +156,69 @@ def trainjob_status(obj: dict[str, Any] | None, trainer_job: str = "node") -> Jo
     return JobStatus(Phase.PENDING, raw=status)
 
 
+class JobHandle(abc.ABC):
+    """One submitted TrainJob and its own state: what :meth:`Backend.submit` hands back.
+
+    It knows the job's ref and the runtime it was rendered for, and keeps what following it
+    needs (watches, trackers); :meth:`release` stops those. The abstract methods are the
+    contract; the others have a documented default that does nothing. The launcher calls
+    every one of them.
+    """
+
+    def __init__(self, ref: JobRef) -> None:
+        self.ref = ref
+
+    @abc.abstractmethod
+    def watch(self) -> Iterator[JobStatus | None]:
+        """Yield the job's status whenever it changes, and ``None`` as a heartbeat.
+
+        The heartbeat comes at least every :data:`kfp_trainer.cancel.TICK` seconds or so:
+        the launcher looks for a stop signal at each item (``cancel.check``).
+        """
+
+    @abc.abstractmethod
+    def blockers(self) -> list[Blocker]:
+        """What currently keeps the job from starting; empty when nothing does."""
+
+    def queue_notes(self) -> list[str]:
+        """What the job's queue (Kueue) reported since the last call, each message once. Default: none."""
+        return []
+
+    @abc.abstractmethod
+    def follow_logs(self, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
+        """Send the trainer's log lines to ``sink`` until the job ends or ``stop`` is set.
+
+        ``nodes`` is ``"0"`` (default), another node index, or ``"all"``.
+        """
+
+    @abc.abstractmethod
+    def diagnose(self, *, tail: int = 40) -> str:
+        """A report for a failed job: failed pods, recent events, last log lines."""
+
+    @abc.abstractmethod
+    def delete(self, *, wait: float = 30.0) -> str | None:
+        """Delete the job and what it owns, and :meth:`release` it; no error if already gone. Runs to its end.
+
+        Returns:
+            What is still left after waiting up to ``wait`` seconds, and how to remove it
+            (empty or None when everything is gone).
+        """
+
+    def release(self) -> None:
+        """Stop whatever is kept running for the job once the launcher no longer follows it. Default: nothing."""
+        return None
+
+    @abc.abstractmethod
+    def inspect_hint(self) -> str:
+        """Commands a person can run to look at the job."""
+
+
 class Backend(abc.ABC):
     """What the launcher needs from a place that runs TrainJobs.
 
-    The abstract methods are the contract; the others have a documented default that does
-    nothing, for a backend with nothing to do there. The launcher calls every one of them.
+    It keeps no per-job state: :meth:`submit` returns a :class:`JobHandle` that does. The
+    abstract methods are the contract; :meth:`reclaim` has a documented default that does
+    nothing, for a backend with nothing to do there.
     """
 
     local: bool = False  # runs jobs on this machine (the render allows what only makes sense there)
@@ -177,7 +240,7 @@ class Backend(abc.ABC):
         """Create the TrainJob, or adopt the one an earlier try of this task created.
 
         ``runtime`` is what the manifest was rendered for (:class:`kfp_trainer.prepare.PreparedJob`):
-        the backend keeps it with the job (e.g. how many nodes' logs to follow).
+        the returned :attr:`Submission.job` keeps it (e.g. how many nodes' logs to follow).
 
         Raises:
             OwnershipError: A TrainJob of that name belongs to another run or task.
@@ -186,40 +249,13 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
-        """Yield the job's status whenever it changes, and ``None`` as a heartbeat.
-
-        The heartbeat comes at least every :data:`kfp_trainer.cancel.TICK` seconds or so:
-        the launcher looks for a stop signal at each item.
-        """
-
-    @abc.abstractmethod
-    def blockers(self, ref: JobRef) -> list[Blocker]:
-        """What currently keeps the job from starting; empty when nothing does."""
-
-    @abc.abstractmethod
-    def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
-        """Send the trainer's log lines to ``sink`` until the job ends or ``stop`` is set.
-
-        ``nodes`` is ``"0"`` (default), another node index, or ``"all"``.
-        """
-
-    @abc.abstractmethod
-    def diagnose(self, ref: JobRef, *, tail: int = 40) -> str:
-        """A report for a failed job: failed pods, recent events, last log lines."""
-
-    @abc.abstractmethod
     def delete(self, ref: JobRef, *, wait: float = 30.0) -> str | None:
-        """Delete the job and what it owns; no error if already gone. Runs to its end.
+        """Delete a job this backend holds no handle for, and what it owns; no error if already gone. Runs to its end.
 
         Returns:
             What is still left after waiting up to ``wait`` seconds, and how to remove it
             (empty or None when everything is gone).
         """
-
-    @abc.abstractmethod
-    def inspect_hint(self, ref: JobRef) -> str:
-        """Commands a person can run to look at the job."""
 
     def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
         """After a cancelled :meth:`submit`: delete the job it may have created; say what was done.
@@ -227,14 +263,6 @@ class Backend(abc.ABC):
         Default: nothing (None), for a backend whose submit creates nothing it cannot take back.
         """
         return None
-
-    def release(self, ref: JobRef) -> None:
-        """Stop whatever is kept running for a job the launcher no longer follows. Default: nothing."""
-        return None
-
-    def queue_notes(self, ref: JobRef) -> list[str]:
-        """What the job's queue (Kueue) reported since the last call, each message once. Default: none."""
-        return []
 
 
 def check_ownership(manifest: dict[str, Any], existing: dict[str, Any], *, remedy: str) -> None:

@@ -27,6 +27,9 @@ runtime's nodes run its own ``tune run`` command, see :mod:`.local_torchtune`);
 ClusterTrainingRuntime/TrainingRuntime YAML files in ``runtimes_dir`` (or
 ``$KFP_TRAINER_RUNTIMES_DIR``) are read too, so local runs mirror a cluster's runtimes.
 ``hostPath`` volumes the trainer mounts under ``/workspace`` become links in the job's workspace.
+:meth:`LocalBackend.submit` hands back the job's handle, a :class:`~.local_job.LocalJob`
+(watch, logs, diagnosis); the backend keeps only the runs this process supervises, so that
+deleting by ref (a replaced or reclaimed job) stops their processes too.
 """
 
 from __future__ import annotations
@@ -41,18 +44,17 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import cancel
 from ..errors import RuntimeNotFoundError, UserError
-from ..jobstatus import JobRef, JobStatus, Phase
+from ..jobstatus import JobRef, Phase
 from ..spec import TrainJobInputs
 from ..storage import fetch, redact
 from ..timestamps import rfc3339
 from . import local_torchtune
-from .base import Backend, Blocker, LogLine, LogSink, RuntimeInfo, Submission, check_ownership, trainjob_status
+from .base import Backend, RuntimeInfo, Submission, check_ownership, trainjob_status
+from .local_job import LocalJob, node_processes, orphaned, read_json
 from .local_runtime import (
     BUILTIN_RUNTIMES,
     RUNTIMES_ENV,
@@ -85,13 +87,6 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 class _Job:
     """A running local TrainJob: its processes and supervisor thread (this process only)."""
 
@@ -113,8 +108,7 @@ class LocalBackend(Backend):
         env_dir = os.environ.get(RUNTIMES_ENV)
         self.runtimes_dir = Path(runtimes_dir) if runtimes_dir else (Path(env_dir) if env_dir else None)
         self.namespace = namespace
-        self.jobs: dict[str, _Job] = {}
-        self.runtime: RuntimeInfo | None = None
+        self.jobs: dict[str, _Job] = {}  # the runs this process supervises (its processes), by name
 
     # ------------------------------------------------------------------ runtimes
     def default_namespace(self) -> str:
@@ -136,8 +130,7 @@ class LocalBackend(Backend):
             runtimes[key], name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", num_nodes=inputs.num_nodes
         )
         # A local job is this user's processes on this machine: host paths are what it sees anyway.
-        self.runtime = dataclasses.replace(info, allow_host_access=True)
-        return self.runtime
+        return dataclasses.replace(info, allow_host_access=True)
 
     # ------------------------------------------------------------------ paths
     def job_dir(self, ref: JobRef) -> Path:
@@ -163,15 +156,17 @@ class LocalBackend(Backend):
         if local_torchtune.is_torchtune(runtime):
             local_torchtune.check_available(manifest["spec"]["runtimeRef"]["name"])
         command = trainer_command(manifest, runtime, workspace)  # fails before anything starts
-        existing = _read_json(directory / "trainjob.json")
+        existing = read_json(directory / "trainjob.json")
         replaced = False
         notes: list[str] = []
         if existing is not None:
             check_ownership(manifest, existing, remedy=f"remove {directory}")
             phase = trainjob_status(existing).phase
-            dead = _orphaned(existing)
+            dead = orphaned(existing)
             if phase is Phase.SUCCEEDED or (phase in (Phase.PENDING, Phase.RUNNING, Phase.SUSPENDED) and dead is None):
-                return Submission(JobRef(namespace, ref.name, existing["metadata"]["uid"]), adopted=True)
+                adopted = JobRef(namespace, ref.name, existing["metadata"]["uid"])
+                running = self.jobs.get(ref.name)  # supervised by this process, or by another one
+                return Submission(adopted, adopted=True, job=LocalJob(self, adopted, changed=running.changed if running else None))
             if dead is not None:
                 who = f"pid {dead.pid}" if dead.pid else "not recorded"
                 notes.append(f"local TrainJob {ref} was left unfinished by a launcher that is gone ({who}); replacing it")
@@ -190,12 +185,13 @@ class LocalBackend(Backend):
         self.jobs[ref.name] = job
         job.thread = threading.Thread(target=self._supervise, args=(ref, obj, command, job), name=f"local-{ref.name}", daemon=True)
         job.thread.start()
-        return Submission(JobRef(namespace, ref.name, uid), adopted=False, replaced=replaced, notes=tuple(notes))
+        ref = JobRef(namespace, ref.name, uid)
+        return Submission(ref, adopted=False, replaced=replaced, notes=tuple(notes), job=LocalJob(self, ref, changed=job.changed))
 
     def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
         """After a cancel during :meth:`submit`: stop and remove this task's job if it was started."""
         ref = JobRef(manifest["metadata"].get("namespace") or self.namespace, manifest["metadata"]["name"])
-        existing = _read_json(self.job_dir(ref) / "trainjob.json")
+        existing = read_json(self.job_dir(ref) / "trainjob.json")
         if existing is None:
             return None
         mine, theirs = manifest["metadata"].get("labels") or {}, existing["metadata"].get("labels") or {}
@@ -303,91 +299,6 @@ class LocalBackend(Backend):
             time.sleep(0.2)
         return codes
 
-    def watch(self, ref: JobRef) -> Iterator[JobStatus | None]:
-        """Status changes read from the job's state file; ``None`` as heartbeat, a few times a second.
-
-        A job adopted from another process is followed through its state file, and that
-        process (its supervisor) is checked on each read: when it is gone, nobody will record
-        the job's end, so its nodes are stopped and the job is reported failed.
-        """
-        path = self.job_dir(ref) / "trainjob.json"
-        last: tuple[Any, ...] | None = None
-        while True:
-            obj = _read_json(path)
-            if obj is not None and ref.uid and obj["metadata"].get("uid") != ref.uid:
-                obj = None
-            job = self.jobs.get(ref.name)
-            dead = _orphaned(obj) if obj is not None and job is None else None
-            if dead is not None:
-                for process in _nodes(obj.get("status") or {}):
-                    kill_process(process)
-                message = f"the launcher supervising this local TrainJob (pid {dead.pid}) is gone; its nodes were stopped"
-                yield JobStatus(Phase.FAILED, "SupervisorLost", message, obj.get("status") or {})
-                return
-            status = trainjob_status(obj)
-            key = (status.phase, status.reason, status.message)
-            if key != last:
-                last = key
-                yield status
-                if status.phase.finished:
-                    return
-            else:
-                yield None
-            if job is not None:  # started by this process: wake up on each change
-                job.changed.wait(2 * cancel.TICK)  # short: the launcher looks for a stop signal at each heartbeat
-                job.changed.clear()
-            else:  # adopted from another process: its state file is all there is
-                time.sleep(2 * cancel.TICK)
-
-    def blockers(self, ref: JobRef) -> list[Blocker]:
-        """Nothing blocks a local job from starting once submit accepted it."""
-        return []
-
-    def follow_logs(self, ref: JobRef, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
-        """Tail the nodes' log files until the job finishes (and the files are read) or ``stop``."""
-        directory = self.job_dir(ref)
-        obj = _read_json(directory / "trainjob.json") or {}
-        count = int(((obj.get("spec") or {}).get("trainer") or {}).get("numNodes") or 1)
-        indices = list(range(count)) if nodes == "all" else [int(nodes)]
-        files = {i: directory / "logs" / f"node-{i}.log" for i in indices}
-        offsets = dict.fromkeys(indices, 0)
-        partial = dict.fromkeys(indices, b"")
-        while True:
-            finished = trainjob_status(_read_json(directory / "trainjob.json")).phase.finished
-            for i, path in files.items():
-                try:
-                    with open(path, "rb") as f:
-                        f.seek(offsets[i])
-                        data = f.read()
-                except FileNotFoundError:
-                    continue
-                offsets[i] += len(data)
-                lines = (partial[i] + data).split(b"\n")
-                partial[i] = lines.pop()
-                for line in lines:
-                    sink(LogLine(f"node-{i}", line.decode("utf-8", errors="replace").rstrip("\r")))
-            if finished or stop.is_set():
-                for i in indices:
-                    if partial[i]:
-                        sink(LogLine(f"node-{i}", partial[i].decode("utf-8", errors="replace")))
-                return
-            stop.wait(0.2)
-
-    def diagnose(self, ref: JobRef, *, tail: int = 40) -> str:
-        """Exit codes of the nodes and the last lines of the first failing node's log."""
-        directory = self.job_dir(ref)
-        obj = _read_json(directory / "trainjob.json") or {}
-        codes = (obj.get("status") or {}).get("exitCodes") or {}
-        parts = []
-        if codes:
-            parts.append("Nodes:\n" + "\n".join(f"  node-{n}: exit {c}" for n, c in sorted(codes.items())))
-        failing = next((n for n, c in sorted(codes.items()) if c != 0), "0")
-        path = directory / "logs" / f"node-{failing}.log"
-        if path.exists():
-            lines = path.read_text(errors="replace").splitlines()[-tail:]
-            parts.append(f"Last {len(lines)} log lines of node-{failing}:\n" + "\n".join("  " + line for line in lines))
-        return "\n\n".join(parts)
-
     def delete(self, ref: JobRef, *, wait: float = 30.0) -> str | None:
         """Kill the job's whole process tree and remove its state."""
         job = self.jobs.pop(ref.name, None)
@@ -399,40 +310,13 @@ class LocalBackend(Backend):
             if job.thread is not None:
                 job.thread.join(wait)
         else:
-            obj = _read_json(directory / "trainjob.json") or {}
-            for process in _nodes(obj.get("status") or {}):
+            obj = read_json(directory / "trainjob.json") or {}
+            for process in node_processes(obj.get("status") or {}):
                 kill_process(process)  # only if the pid still names that process
         shutil.rmtree(directory, ignore_errors=True)
         return None
-
-    def inspect_hint(self, ref: JobRef) -> str:
-        """Where the local job's files are."""
-        directory = self.job_dir(ref)
-        return f"  cat {directory}/trainjob.json\n  tail -f {directory}/logs/node-0.log"
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """Stop one node: its leader and every process it started."""
     kill_tree(proc.pid, reap=proc)
-
-
-def _supervisor(status: dict[str, Any]) -> ProcessId | None:
-    """The process that runs the job's supervisor thread (the launcher that created it)."""
-    return ProcessId.from_json(status.get("supervisor"))
-
-
-def _nodes(status: dict[str, Any]) -> list[ProcessId]:
-    """The job's node processes (pid and start time; bare pids from older state files)."""
-    found = [ProcessId.from_json(v) for v in status.get("processes") or status.get("pids") or []]
-    return [p for p in found if p is not None]
-
-
-def _orphaned(obj: dict[str, Any]) -> ProcessId | None:
-    """The dead supervisor of an unfinished job (nobody will ever record its end), else None."""
-    status = obj.get("status") or {}
-    if trainjob_status(obj).phase.finished:
-        return None
-    supervisor = _supervisor(status)
-    if supervisor is None:
-        return ProcessId(0, 0)  # written by a version that did not record it: nobody can vouch for it
-    return None if supervisor.alive() else supervisor

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -187,3 +188,29 @@ def test_runtimes_from_yaml_mirror_a_cluster(tmp_path):
     assert outcome.succeeded and "PET None" in out.getvalue()
     with pytest.raises(RuntimeNotFoundError, match="plain-batch"):
         Launcher(backend, out=io.StringIO()).run(TrainJobInputs(run_id="r", task_name="t", runtime="nope"))
+
+
+def test_one_backend_follows_two_jobs_each_through_its_own_handle(tmp_path):
+    from kfp_trainer.backends.local_job import LocalJob
+    from kfp_trainer.jobstatus import Phase
+    from kfp_trainer.prepare import prepare
+
+    backend = LocalBackend(tmp_path / "jobs")
+    script = tmp_path / "say.py"
+    script.write_text("import sys, time\ntime.sleep(0.5)\nprint('I am', sys.argv[1], flush=True)\n")
+    handles = []
+    for task in ("a", "b"):
+        job = prepare(backend, TrainJobInputs(run_id="run-1", task_name=task, command=["python", str(script), task]))
+        handles.append(backend.submit(job.manifest, runtime=job.runtime).job)
+    again = backend.submit(prepare(backend, TrainJobInputs(run_id="run-1", task_name="a", command=["python", str(script), "a"])).manifest)
+    assert again.adopted and isinstance(again.job, LocalJob) and again.job.changed is handles[0].changed  # woken by its supervisor
+    assert not hasattr(backend, "runtime")
+    for handle, task in zip(handles, ("a", "b"), strict=True):
+        statuses = [s for s in handle.watch() if s is not None]
+        assert statuses[-1].phase is Phase.SUCCEEDED, statuses
+        lines: list[str] = []
+        handle.follow_logs(nodes="0", sink=lambda line, into=lines: into.append(line.text), stop=threading.Event())
+        assert lines == [f"I am {task}"]
+        assert "trainjob.json" in handle.inspect_hint() and handle.blockers() == [] and handle.queue_notes() == []
+    handles[0].delete()
+    assert not backend.job_dir(handles[0].ref).exists() and backend.job_dir(handles[1].ref).exists()

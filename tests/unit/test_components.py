@@ -26,7 +26,7 @@ from kfp_trainer.jobstatus import JobRef, JobStatus, Phase
 from kfp_trainer.staging import choose_shared_root, placeholders_used, plan_paths, substitute
 from kfp_trainer.storage import StorageError, fetch, redact, scheme_of
 from kfp_trainer.taskconfig import merge_task_config, task_config_dict
-from tests.fakes import FakeBackend
+from tests.fakes import FakeBackend, FakeJob
 
 
 def artifact(cls: type, path: Path, metadata: dict | None = None) -> Any:
@@ -339,7 +339,8 @@ def test_train_job_reports_every_invalid_input_before_submitting(tmp_path, monke
 
 def test_empty_output_model_is_an_error_when_the_trainer_was_told_to_write_one(tmp_path, monkeypatch):
     fake = FakeCluster()
-    fake.submit = lambda manifest, runtime=None: (fake.manifests.append(manifest), Submission(JobRef("team-a", "j"), adopted=False))[1]  # type: ignore[method-assign]
+    ref = JobRef("team-a", "j")
+    fake.submit = lambda manifest, runtime=None: (fake.manifests.append(manifest), Submission(ref, False, job=FakeJob(fake, ref)))[1]  # type: ignore[method-assign]
     monkeypatch.setattr("kfp_trainer.backends.select_backend", lambda kind="auto", **kw: fake)
     ws = tmp_path / "ws"
     with pytest.raises(SystemExit):

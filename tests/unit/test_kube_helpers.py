@@ -11,6 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_trainer.backends.base import RuntimeInfo, Submission, trainjob_status
 from kfp_trainer.backends.kube.api import Conflict, Gone, NotFound, RetryPolicy, call
+from kfp_trainer.backends.kube.job import KubeJob
 from kfp_trainer.backends.kube.logs import _Cursor
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import ForbiddenError, InfraError, KfpTrainerError, RejectedError
@@ -141,15 +142,21 @@ def test_trainjob_status_classification():
     assert trainjob_status(obj([{"type": "Suspended", "status": "True", "reason": "Suspended"}])).phase is Phase.SUSPENDED
 
 
-def test_each_submitted_job_keeps_the_runtime_it_was_rendered_for(monkeypatch):
+def test_each_submitted_job_keeps_the_runtime_it_was_rendered_for_in_its_own_handle(monkeypatch):
     backend = KubernetesBackend(client.ApiClient(), namespace="ns")
-    monkeypatch.setattr(backend.lifecycle, "submit", lambda m, ns: Submission(JobRef(ns, m["metadata"]["name"], "u"), adopted=False))
+    created = {"metadata": {"name": "a", "namespace": "ns", "uid": "u", "resourceVersion": "7", "creationTimestamp": "t0"}}
+
+    def submit(manifest, namespace):
+        backend.lifecycle.seen[(namespace, manifest["metadata"]["name"])] = created  # as the create request leaves it
+        return Submission(JobRef(namespace, manifest["metadata"]["name"], "u"), adopted=False)
+
+    monkeypatch.setattr(backend.lifecycle, "submit", submit)
     mpi = RuntimeInfo(name="mpi", kind="ClusterTrainingRuntime", api_version="v2.2", replicated_jobs=(("launcher", 1), ("node", 2)))
     torch = RuntimeInfo(name="torch", kind="ClusterTrainingRuntime", api_version="v2.2", replicated_jobs=(("node", 4),))
-    backend.runtime = mpi  # as resolve_runtime leaves it
-    first = backend.submit({"metadata": {"name": "a"}}).ref
-    backend.runtime = torch  # the same backend prepares a second job
-    second = backend.submit({"metadata": {"name": "b"}}).ref
-    assert backend._runtime(first) is mpi and backend._runtime(second) is torch
-    backend.release(first)
-    assert backend._runtime(first) is torch  # forgotten once released
+    first = backend.submit({"metadata": {"name": "a"}}, runtime=mpi).job
+    second = backend.submit({"metadata": {"name": "b"}}, runtime=torch).job
+    assert isinstance(first, KubeJob) and isinstance(second, KubeJob)
+    assert (first.runtime, first.trainer_job) == (mpi, "launcher") and (second.runtime, second.trainer_job) == (torch, "node")
+    assert first.known is created and first.created == "t0"  # the watch starts from the job as created
+    assert backend.lifecycle.seen == {}  # the backend keeps nothing per job
+    assert not hasattr(backend, "runtime")

@@ -87,8 +87,8 @@ def test_a_second_signal_during_deletion_does_not_abort_it_and_what_is_left_is_r
 
 
 def test_a_signal_while_the_log_drains_after_success_cuts_the_drain_short_and_deletes_the_job():
-    fake = FakeBackend([JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED)], lines=["step 1"])
-    fake.follow_logs = lambda ref, *, nodes, sink, stop: (threading.Timer(0.2, sigterm).start(), time.sleep(30))  # type: ignore[method-assign]
+    slow_drain = lambda: (threading.Timer(0.2, sigterm).start(), time.sleep(30))  # noqa: E731
+    fake = FakeBackend([JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED)], lines=["step 1"], hooks={"logs": slow_drain})
     began = time.monotonic()
     out = run(fake, logs="0", log_drain_timeout=30)
     assert time.monotonic() - began < 5 and len(fake.deleted) == 1, out

@@ -10,6 +10,7 @@ from test_launcher_policies import INPUTS, FakeClock, ScriptedBackend, launch
 from kfp_trainer.backends.base import Blocker, LogLine
 from kfp_trainer.errors import CannotStartError, TimeLimitError
 from kfp_trainer.jobstatus import JobStatus, Phase
+from tests.fakes import FakeJob
 
 QUEUED = INPUTS.model_copy(update={"queue_name": "team-q", "suspend": True})
 
@@ -153,26 +154,32 @@ def test_queue_timeout_bounds_the_wait_for_readmission_too():
     assert len(backend.deleted) == 1 and 140 < clock.now <= 150
 
 
-class PrintsBeforeReady(ScriptedBackend):
+class PrintsBeforeReadyJob(FakeJob):
     """The trainer prints while its pod is not Ready yet (the job still Pending), then Kueue preempts it."""
+
+    def follow_logs(self, *, nodes, sink, stop):
+        self.backend.go.wait(10)
+        for line in self.lines:
+            sink(LogLine("node-0", line))
+        self.backend.printed.set()
+        stop.wait(60)
+
+    def watch(self):
+        for i, item in enumerate(super().watch()):
+            if i == 1:  # the trainer prints after the job's first status; the suspension comes right after the line
+                self.backend.go.set()
+                assert self.backend.printed.wait(10)
+            yield item
+
+
+class PrintsBeforeReady(ScriptedBackend):
+    """A backend whose job is a :class:`PrintsBeforeReadyJob`."""
+
+    job_type = PrintsBeforeReadyJob
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.go, self.printed = threading.Event(), threading.Event()
-
-    def follow_logs(self, ref, *, nodes, sink, stop):
-        self.go.wait(10)
-        for line in self.lines:
-            sink(LogLine("node-0", line))
-        self.printed.set()
-        stop.wait(60)
-
-    def watch(self, ref):
-        for i, item in enumerate(super().watch(ref)):
-            if i == 1:  # the trainer prints after the job's first status; the suspension comes right after the line
-                self.go.set()
-                assert self.printed.wait(10)
-            yield item
 
 
 def test_a_job_preempted_before_its_pod_turned_ready_but_after_its_trainer_printed_is_preempted_not_queued():

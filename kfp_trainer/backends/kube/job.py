@@ -1,0 +1,178 @@
+"""One submitted TrainJob on a cluster: its handle (:class:`KubeJob`), with all it keeps.
+
+:meth:`KubernetesBackend.submit <kfp_trainer.backends.kubernetes.KubernetesBackend.submit>`
+makes one per submitted job with the runtime the manifest was rendered for and the job as
+created or adopted; the status watch starts from that object, and the pod and event watches
+(:class:`~kfp_trainer.backends.kube.inspect.JobTracker`) are opened on first need and closed
+by :meth:`KubeJob.release`. Several jobs followed from one backend share nothing but its client.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ...jobstatus import JobRef, JobStatus, Phase
+from ...spec import GROUP, PLURAL, VERSION
+from ..base import Blocker, JobHandle, LogSink, RuntimeInfo, trainjob_status
+from . import inspect
+from .cache import EventQueue
+from .logs import NodeLogFollower
+
+if TYPE_CHECKING:
+    from ..kubernetes import KubernetesBackend
+
+__all__ = ["KubeJob"]
+
+
+class KubeJob(JobHandle):
+    """The handle of one TrainJob on a cluster.
+
+    Args:
+        backend: The backend that submitted it (its API client and settings).
+        ref: The job.
+        runtime: What its manifest was rendered for (None: a ``node`` job of one pod).
+        known: The job as created or adopted (its watch starts there), if known.
+    """
+
+    def __init__(self, backend: KubernetesBackend, ref: JobRef, *, runtime: RuntimeInfo | None = None,
+                 known: dict[str, Any] | None = None) -> None:  # fmt: skip
+        super().__init__(ref)
+        self.backend = backend
+        self.runtime = runtime
+        if known is not None and ref.uid and known["metadata"].get("uid") != ref.uid:
+            known = None
+        self.known = known
+        self.created = str(((known or {}).get("metadata") or {}).get("creationTimestamp") or "")
+        self._tracker: inspect.JobTracker | None = None
+        self._lock = threading.Lock()  # the status watch and the log thread both ask for the tracker
+
+    @property
+    def trainer_job(self) -> str:
+        """The replicated job whose pods run the trainer."""
+        return self.runtime.trainer_job if self.runtime else "node"
+
+    def tracker(self) -> inspect.JobTracker:
+        """The job's pod and event watches, opened on first use."""
+        with self._lock:
+            if self._tracker is None:
+                b = self.backend
+                self._tracker = inspect.JobTracker(b.api, self.ref, created=self.created, policy=b.policy, timeout_seconds=b.watch_timeout)
+            return self._tracker
+
+    def watch(self, *, resource_version: str | None = None) -> Iterator[JobStatus | None]:
+        """Status changes of the TrainJob (one watch, resumed from resourceVersion); ``None`` = heartbeat."""
+        ref, trainer_job = self.ref, self.trainer_job
+        known = self.known if resource_version is None else None
+        version = resource_version or (str(known["metadata"].get("resourceVersion") or "") or None if known else None)
+        events = EventQueue(
+            self.backend.api,
+            f"/apis/{GROUP}/{VERSION}/namespaces/{ref.namespace}/{PLURAL}",
+            [("fieldSelector", f"metadata.name={ref.name}")],
+            resource_version=version,
+            timeout_seconds=self.backend.watch_timeout,
+            policy=self.backend.policy,
+            name=f"watch-{ref.name}",
+        )
+        last: JobStatus | None = None
+        if known is not None:  # the job as created or adopted: its state now, before any change
+            last = trainjob_status(known, trainer_job)
+            if last.phase is Phase.RUNNING:
+                self.tracker().started()
+            yield last
+            if last.phase.finished:
+                return
+        for event in events.events(self.backend.heartbeat):
+            if event is None:
+                yield None
+                continue
+            status = _status(ref, event, trainer_job)
+            if (
+                last is None
+                or (status.phase, status.reason, status.message) != (last.phase, last.reason, last.message)
+                or status.raw != last.raw
+            ):
+                last = status
+                if status.phase is Phase.RUNNING:
+                    self.tracker().started()
+                yield status
+
+    def blockers(self) -> list[Blocker]:
+        """Warning events (on the TrainJob, its JobSet and Jobs) and pod states that keep the job from starting."""
+        return inspect.blockers(self.tracker())
+
+    def queue_notes(self) -> list[str]:
+        """What Kueue said about the job's Workload (its events) since the last call, each message once."""
+        return inspect.queue_notes(self.tracker())
+
+    def follow_logs(self, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
+        """Stream node ``nodes`` ("0", "3", or "all") of the trainer to ``sink`` until done or stopped."""
+        replicated_job = self.trainer_job
+        count = self.runtime.nodes if self.runtime and replicated_job == "node" else 1
+        indices = list(range(count)) if nodes == "all" else [int(nodes)]
+        pods = self.tracker().pods()
+        followers = [
+            NodeLogFollower(
+                self.backend.api,
+                namespace=self.ref.namespace,
+                job=self.ref.name,
+                replicated_job=replicated_job,
+                index=index,
+                sink=sink,
+                stop=stop,
+                source=f"{replicated_job}-{index}",
+                pods=pods,
+                read_timeout=self.backend.log_read_timeout,
+                policy=self.backend.policy,
+            )
+            for index in indices
+        ]
+        threads = [threading.Thread(target=f.run, name=f"logs-{f.source}", daemon=True) for f in followers]
+        for thread in threads:
+            thread.start()
+        while any(t.is_alive() for t in threads) and not stop.wait(0.25):
+            pass
+        pods.wake()  # followers waiting on the pod watch see ``stop`` at once
+        # The job has ended (or is being cancelled): a stream still open is cut and the follower
+        # reads the rest once from its cursor -- a server can take seconds to end such a stream
+        # on its own. A follower that already read its container to the end makes no request.
+        for follower in followers:
+            follower.interrupt()
+        for thread in threads:
+            thread.join()
+
+    def diagnose(self, *, tail: int = 40) -> str:
+        """Failed pods, recent events and the failing container's last log lines."""
+        return inspect.diagnose(self.backend.api, self.ref, tail=tail, created=self.created, policy=self.backend.policy)
+
+    def delete(self, *, wait: float = 30.0) -> str:
+        """Stop the watches, delete the TrainJob and wait, bounded, until it and its pods are gone.
+
+        Returns:
+            What is left and how to remove it; empty when everything is gone.
+        """
+        self.release()
+        return self.backend.delete(self.ref, wait=wait)
+
+    def release(self) -> None:
+        """Stop the watches kept for the job (pods, events)."""
+        with self._lock:
+            tracker, self._tracker = self._tracker, None
+        if tracker is not None:
+            tracker.close()
+
+    def inspect_hint(self) -> str:
+        """Kubectl commands to look at the job."""
+        return inspect.inspect_hint(self.ref)
+
+
+def _status(ref: JobRef, event: tuple[str, dict[str, Any]], trainer_job: str) -> JobStatus:
+    """The job's status in one watch event (a LIST, or a change of one object)."""
+    kind, obj = event
+    if kind == "LIST":
+        items = [i for i in obj.get("items") or [] if not ref.uid or i["metadata"].get("uid") == ref.uid]
+        return trainjob_status(items[0] if items else None, trainer_job)
+    if ref.uid and obj["metadata"].get("uid") != ref.uid:
+        return trainjob_status(None, trainer_job)  # a different object with the same name: ours is gone
+    return trainjob_status(None if kind == "DELETED" else obj, trainer_job)

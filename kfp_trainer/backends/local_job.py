@@ -1,0 +1,157 @@
+"""One submitted local TrainJob: its handle (:class:`LocalJob`) and the reading of its state file.
+
+:meth:`LocalBackend.submit <kfp_trainer.backends.local.LocalBackend.submit>` makes one per job.
+A job started by this process is followed through its supervisor (woken on each status change);
+one adopted from another process through its state file, ``<job>/trainjob.json``, whose
+supervisor is checked on each read (:func:`orphaned`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import cancel
+from ..jobstatus import JobRef, JobStatus, Phase
+from .base import Blocker, JobHandle, LogLine, LogSink, trainjob_status
+from .procs import ProcessId, kill_process
+
+if TYPE_CHECKING:
+    from .local import LocalBackend
+
+__all__ = ["LocalJob", "node_processes", "orphaned", "read_json"]
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when it is missing or half written."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def node_processes(status: dict[str, Any]) -> list[ProcessId]:
+    """The job's node processes (pid and start time; bare pids from older state files)."""
+    found = [ProcessId.from_json(v) for v in status.get("processes") or status.get("pids") or []]
+    return [p for p in found if p is not None]
+
+
+def orphaned(obj: dict[str, Any]) -> ProcessId | None:
+    """The dead supervisor of an unfinished job (nobody will ever record its end), else None."""
+    if trainjob_status(obj).phase.finished:
+        return None
+    supervisor = ProcessId.from_json((obj.get("status") or {}).get("supervisor"))
+    if supervisor is None:
+        return ProcessId(0, 0)  # written by a version that did not record it: nobody can vouch for it
+    return None if supervisor.alive() else supervisor
+
+
+class LocalJob(JobHandle):
+    """The handle of one local TrainJob.
+
+    Args:
+        backend: The backend that submitted it (its folders; deleting goes through it).
+        ref: The job.
+        changed: Set on each status change when this process supervises the job; None for a
+            job another process supervises (its state file is all there is).
+    """
+
+    def __init__(self, backend: LocalBackend, ref: JobRef, *, changed: threading.Event | None = None) -> None:
+        super().__init__(ref)
+        self.backend = backend
+        self.dir = backend.job_dir(ref)
+        self.changed = changed
+
+    def watch(self) -> Iterator[JobStatus | None]:
+        """Status changes read from the job's state file; ``None`` as heartbeat, a few times a second.
+
+        A job adopted from another process is followed through its state file, and that
+        process (its supervisor) is checked on each read: when it is gone, nobody will record
+        the job's end, so its nodes are stopped and the job is reported failed.
+        """
+        path = self.dir / "trainjob.json"
+        last: tuple[Any, ...] | None = None
+        while True:
+            obj = read_json(path)
+            if obj is not None and self.ref.uid and obj["metadata"].get("uid") != self.ref.uid:
+                obj = None
+            dead = orphaned(obj) if obj is not None and self.changed is None else None
+            if obj is not None and dead is not None:
+                for process in node_processes(obj.get("status") or {}):
+                    kill_process(process)
+                message = f"the launcher supervising this local TrainJob (pid {dead.pid}) is gone; its nodes were stopped"
+                yield JobStatus(Phase.FAILED, "SupervisorLost", message, obj.get("status") or {})
+                return
+            status = trainjob_status(obj)
+            key = (status.phase, status.reason, status.message)
+            if key != last:
+                last = key
+                yield status
+                if status.phase.finished:
+                    return
+            else:
+                yield None
+            if self.changed is not None:  # supervised by this process: wake up on each change
+                self.changed.wait(2 * cancel.TICK)  # short: the launcher looks for a stop signal at each heartbeat
+                self.changed.clear()
+            else:
+                time.sleep(2 * cancel.TICK)
+
+    def blockers(self) -> list[Blocker]:
+        """Nothing blocks a local job from starting once submit accepted it."""
+        return []
+
+    def follow_logs(self, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
+        """Tail the nodes' log files until the job finishes (and the files are read) or ``stop``."""
+        obj = read_json(self.dir / "trainjob.json") or {}
+        count = int(((obj.get("spec") or {}).get("trainer") or {}).get("numNodes") or 1)
+        indices = list(range(count)) if nodes == "all" else [int(nodes)]
+        files = {i: self.dir / "logs" / f"node-{i}.log" for i in indices}
+        offsets = dict.fromkeys(indices, 0)
+        partial = dict.fromkeys(indices, b"")
+        while True:
+            finished = trainjob_status(read_json(self.dir / "trainjob.json")).phase.finished
+            for i, path in files.items():
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(offsets[i])
+                        data = f.read()
+                except FileNotFoundError:
+                    continue
+                offsets[i] += len(data)
+                lines = (partial[i] + data).split(b"\n")
+                partial[i] = lines.pop()
+                for line in lines:
+                    sink(LogLine(f"node-{i}", line.decode("utf-8", errors="replace").rstrip("\r")))
+            if finished or stop.is_set():
+                for i in indices:
+                    if partial[i]:
+                        sink(LogLine(f"node-{i}", partial[i].decode("utf-8", errors="replace")))
+                return
+            stop.wait(0.2)
+
+    def diagnose(self, *, tail: int = 40) -> str:
+        """Exit codes of the nodes and the last lines of the first failing node's log."""
+        obj = read_json(self.dir / "trainjob.json") or {}
+        codes = (obj.get("status") or {}).get("exitCodes") or {}
+        parts = []
+        if codes:
+            parts.append("Nodes:\n" + "\n".join(f"  node-{n}: exit {c}" for n, c in sorted(codes.items())))
+        failing = next((n for n, c in sorted(codes.items()) if c != 0), "0")
+        path = self.dir / "logs" / f"node-{failing}.log"
+        if path.exists():
+            lines = path.read_text(errors="replace").splitlines()[-tail:]
+            parts.append(f"Last {len(lines)} log lines of node-{failing}:\n" + "\n".join("  " + line for line in lines))
+        return "\n\n".join(parts)
+
+    def delete(self, *, wait: float = 30.0) -> str | None:
+        """Kill the job's whole process tree and remove its state."""
+        return self.backend.delete(self.ref, wait=wait)
+
+    def inspect_hint(self) -> str:
+        """Where the local job's files are."""
+        return f"  cat {self.dir}/trainjob.json\n  tail -f {self.dir}/logs/node-0.log"
