@@ -41,6 +41,7 @@ from testcluster import PodScript
 from testcluster.binaries import OLD_KUBE_VERSION
 
 from kfp_trainer.backends.kube.api import request
+from kfp_trainer.backends.kube.rest import ApiException
 from kfp_trainer.backends.kube.watch import INITIAL_EVENTS, list_counts, streaming_lists_refused, watch
 
 pytestmark = pytest.mark.timeout(180)
@@ -164,7 +165,7 @@ def test_with_its_default_gates_1_32_runs_the_launcher_on_streaming_lists():
 
 def test_with_watchlist_off_a_streaming_list_is_refused_with_422_and_the_watch_lists(api_client):
     query = [("watch", "true"), ("allowWatchBookmarks", "true"), *INITIAL_EVENTS, ("resourceVersion", "")]
-    with pytest.raises(client.ApiException) as info:
+    with pytest.raises(ApiException) as info:
         request(api_client, "/api/v1/namespaces/default/configmaps", query, timeout=10, stream=True)
     assert info.value.status == 422 and "unless the WatchList feature gate is enabled" in str(info.value.body)
     with cluster_api(api_client) as fresh:

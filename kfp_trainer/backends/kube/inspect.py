@@ -39,6 +39,7 @@ from ..base import Blocker
 from .api import RetryPolicy, call
 from .cache import ObjectCache
 from .leftovers import JOBSET_LABEL
+from .objects import CustomObjects
 
 if TYPE_CHECKING:
     from kubernetes import client
@@ -260,7 +261,7 @@ def _trainjob_names(tracker: JobTracker) -> dict[str, str]:
     """The TrainJobs of the job's namespace by uid ({} when they cannot be listed)."""
     try:
         listed = call(
-            client.CustomObjectsApi(tracker.api).list_namespaced_custom_object,
+            CustomObjects(tracker.api).list_namespaced_custom_object,
             GROUP, VERSION, tracker.ref.namespace, PLURAL, what="list TrainJobs", policy=tracker.policy,
         )  # fmt: skip
     except Exception:  # noqa: BLE001 - a name is a courtesy; the uid is said instead
