@@ -160,6 +160,25 @@ gobuild() { # <module dir> <out dir> <ldflags> <package>...
   (cd "$HERE/$dir" && nice -n "$NICE" go build -ldflags "$ldflags" -o "$out/" "$@")
 }
 
+# module_src <wrapper dir> <module>: the directory of the module that hack/k8s/<wrapper dir>/go.mod
+# requires, in the Go module cache. It downloads the module first: `go list -m` prints
+# nothing for a module not yet in the cache, and a fresh machine's cache holds none.
+module_src() {
+  local dir="$1" mod="$2" json src
+  if ! json="$(cd "$HERE/$dir" && go mod download -json "$mod" 2>&1)"; then
+    echo "cannot download $mod (required by hack/k8s/$dir/go.mod):" >&2
+    printf '%s\n' "$json" >&2
+    return 1
+  fi
+  src="$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  if [[ -z "$src" || ! -d "$src" ]]; then
+    echo "go mod download $mod (hack/k8s/$dir) named no source directory:" >&2
+    printf '%s\n' "$json" >&2
+    return 1
+  fi
+  echo "$src"
+}
+
 need() { local b; for b in "$@"; do [[ -x "$BIN_DIR/$b" ]] || return 0; done; return 1; }
 
 build_etcd() {
@@ -214,8 +233,8 @@ build_coredns() {
 build_images() {
   local src out="$WORK/images" py
   mkdir -p "$out"
-  src="$(cd "$HERE/kube" && go mod download -json k8s.io/kubernetes | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-  [[ -f "$src/build/pause/linux/pause.c" ]] || { echo "pause.c not found in the module cache ($src)"; return 1; }
+  src="$(module_src kube k8s.io/kubernetes)" || return 1
+  [[ -f "$src/build/pause/linux/pause.c" ]] || { echo "pause.c not found in k8s.io/kubernetes ($src)"; return 1; }
   nice -n "$NICE" gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_TAG" -o "$out/pause" "$src/build/pause/linux/pause.c"
   gobuild testimage "$out" "-s -w" .
   mv "$out/testimage" "$out/probe"
@@ -232,7 +251,8 @@ build_images() {
 # from the module next to the binary (bin/../crds, bin/../webhook), the binary last.
 build_kueue() {
   local src mod="$WORK/kueue-module" dst
-  src="$(cd "$HERE/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+  src="$(module_src kueue sigs.k8s.io/kueue)" || return 1
+  [[ -f "$src/cmd/kueue/main.go" ]] || { echo "cmd/kueue/main.go not found in sigs.k8s.io/kueue ($src)"; return 1; }
   dst="$(dirname "$(dirname "$KUEUE_BIN")")"
   mkdir -p "$mod" "$dst/crds" "$dst/webhook"
   cp "$HERE/kueue/go.mod" "$HERE/kueue/go.sum" "$mod/"
