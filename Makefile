@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-prerequisites unit lint lint-workflows compile images browser debootstrap test-images host-packages cluster-build cluster-up cluster-status cluster-down reliability bench clean
+.PHONY: setup demo test test-cold test-prerequisites unit lint lint-workflows compile images browser debootstrap test-images host-packages cluster-build cluster-up cluster-status cluster-down reliability bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -109,6 +109,12 @@ test: host-packages browser
 
 test-prerequisites: setup lint test-images
 	$(PY) -m pytest --doctest-modules kfp_trainer tests
+
+# The whole CI run on a fresh clone of HEAD with HOME, the Go module and build caches and pip's
+# cache pointed at empty directories (hack/cold-test.sh): what a new machine sees. COLD_ROOT=<dir>
+# and KEEP=1 keep its caches and log.
+test-cold:
+	bash hack/cold-test.sh $(if $(KEEP),--keep)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

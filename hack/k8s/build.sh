@@ -14,6 +14,7 @@
 #
 #   hack/k8s/build.sh            # build what is missing; print the bin dirs (see below)
 #   hack/k8s/build.sh --print    # only print them (exit 1 if anything is missing)
+#   hack/k8s/build.sh --locate   # only find the module sources read outside go build (downloads them)
 #   hack/k8s/build.sh --force    # rebuild everything
 #
 # Older Trainer releases (OLD_TRAINERS) get a controllers binary each, in a cache directory
@@ -112,8 +113,48 @@ report() {
   echo "$BIN_DIR"
 }
 
+# module_src <wrapper dir> <module>: the directory of the module that hack/k8s/<wrapper dir>/go.mod
+# requires, in the Go module cache. It downloads the module first: `go list -m` prints
+# nothing for a module not yet in the cache, and a fresh machine's cache holds none.
+module_src() {
+  local dir="$1" mod="$2" json src
+  if ! json="$(cd "$HERE/$dir" && go mod download -json "$mod" 2>&1)"; then
+    echo "cannot download $mod (required by hack/k8s/$dir/go.mod):" >&2
+    printf '%s\n' "$json" >&2
+    return 1
+  fi
+  src="$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  if [[ -z "$src" || ! -d "$src" ]]; then
+    echo "go mod download $mod (hack/k8s/$dir) named no source directory:" >&2
+    printf '%s\n' "$json" >&2
+    return 1
+  fi
+  echo "$src"
+}
+
+# The sources the builds read from modules rather than compile through go build, each checked
+# for the files used: the pause image's pause.c (k8s.io/kubernetes) and Kueue's main.go, CRDs
+# and webhook manifests (sigs.k8s.io/kueue).
+pause_src() {
+  local src
+  src="$(module_src kube k8s.io/kubernetes)" || return 1
+  [[ -f "$src/build/pause/linux/pause.c" ]] || { echo "build/pause/linux/pause.c not found in k8s.io/kubernetes ($src)" >&2; return 1; }
+  echo "$src"
+}
+kueue_src() {
+  local src f
+  src="$(module_src kueue sigs.k8s.io/kueue)" || return 1
+  for f in cmd/kueue/main.go config/components/webhook/manifests.yaml config/components/crd/bases; do
+    [[ -e "$src/$f" ]] || { echo "$f not found in sigs.k8s.io/kueue ($src)" >&2; return 1; }
+  done
+  echo "$src"
+}
+
 mode="${1:-build}"
 case "$mode" in
+  --locate) # only find (downloading what is missing) the module sources read outside go build
+    pause_src >/dev/null && kueue_src >/dev/null && echo "module sources found" >&2
+    exit $? ;;
   --print)
     report
     all_present && exit 0
@@ -121,7 +162,7 @@ case "$mode" in
   --force) rm -rf "$BIN_DIR" "$CTRL_DIR" "$(dirname "$KUBELET_BIN")" "$(dirname "$COREDNS_BIN")" "$IMAGES_DIR" "$OLD_BIN_DIR" "$(dirname "$KUEUE_BIN")"
     for b in "${OLD_CTRL_BIN[@]}"; do rm -rf "$(dirname "$b")"; done ;;
   build|"") ;;
-  *) echo "usage: $0 [--print|--force]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--print|--locate|--force]" >&2; exit 2 ;;
 esac
 
 if all_present; then
@@ -158,25 +199,6 @@ gobuild() { # <module dir> <out dir> <ldflags> <package>...
   local dir="$1" out="$2" ldflags="$3"; shift 3
   mkdir -p "$out"
   (cd "$HERE/$dir" && nice -n "$NICE" go build -ldflags "$ldflags" -o "$out/" "$@")
-}
-
-# module_src <wrapper dir> <module>: the directory of the module that hack/k8s/<wrapper dir>/go.mod
-# requires, in the Go module cache. It downloads the module first: `go list -m` prints
-# nothing for a module not yet in the cache, and a fresh machine's cache holds none.
-module_src() {
-  local dir="$1" mod="$2" json src
-  if ! json="$(cd "$HERE/$dir" && go mod download -json "$mod" 2>&1)"; then
-    echo "cannot download $mod (required by hack/k8s/$dir/go.mod):" >&2
-    printf '%s\n' "$json" >&2
-    return 1
-  fi
-  src="$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
-  if [[ -z "$src" || ! -d "$src" ]]; then
-    echo "go mod download $mod (hack/k8s/$dir) named no source directory:" >&2
-    printf '%s\n' "$json" >&2
-    return 1
-  fi
-  echo "$src"
 }
 
 need() { local b; for b in "$@"; do [[ -x "$BIN_DIR/$b" ]] || return 0; done; return 1; }
@@ -233,8 +255,7 @@ build_coredns() {
 build_images() {
   local src out="$WORK/images" py
   mkdir -p "$out"
-  src="$(module_src kube k8s.io/kubernetes)" || return 1
-  [[ -f "$src/build/pause/linux/pause.c" ]] || { echo "pause.c not found in k8s.io/kubernetes ($src)"; return 1; }
+  src="$(pause_src)" || return 1
   nice -n "$NICE" gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_TAG" -o "$out/pause" "$src/build/pause/linux/pause.c"
   gobuild testimage "$out" "-s -w" .
   mv "$out/testimage" "$out/probe"
@@ -251,8 +272,7 @@ build_images() {
 # from the module next to the binary (bin/../crds, bin/../webhook), the binary last.
 build_kueue() {
   local src mod="$WORK/kueue-module" dst
-  src="$(module_src kueue sigs.k8s.io/kueue)" || return 1
-  [[ -f "$src/cmd/kueue/main.go" ]] || { echo "cmd/kueue/main.go not found in sigs.k8s.io/kueue ($src)"; return 1; }
+  src="$(kueue_src)" || return 1
   dst="$(dirname "$(dirname "$KUEUE_BIN")")"
   mkdir -p "$mod" "$dst/crds" "$dst/webhook"
   cp "$HERE/kueue/go.mod" "$HERE/kueue/go.sum" "$mod/"
