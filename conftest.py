@@ -1,5 +1,7 @@
-"""Settings for every pytest run in this tree: what a run skipped is said at its end, and under CI
-(``CI=true``) a skipped test fails the run.
+"""Settings for every pytest run in this tree: its skips listed at its end, and a skip fails CI.
+
+What a run skipped is said at its end, with the reason; under CI (``CI=true``) a skipped test
+fails the run.
 
 A test that the suite never runs is not a test: under CI the only skips allowed are doctests whose
 examples are all marked ``+SKIP`` (examples that need a cluster or a trained model to show).

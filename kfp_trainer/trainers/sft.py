@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-budget-seconds",
         type=float,
         default=None,
-        help="stop training after this many seconds, whatever the step count; the learning rate schedule follows whichever limit is nearer",
+        help="stop training after this many seconds, whatever the step count; the learning rate schedule follows whichever limit "
+        "is nearer; 0 or unset: no time limit (the run is then the same on a busy machine as on an idle one)",
     )
     p.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE, help="peak learning rate (default %(default)s)")
     p.add_argument(
@@ -324,7 +325,7 @@ def should_stop(progress: Progress, args: argparse.Namespace) -> bool:
     if progress.step >= args.max_steps:
         return True
     budget = args.time_budget_seconds
-    if budget is not None and progress.step > 0 and progress.elapsed >= budget:
+    if budget and progress.step > 0 and progress.elapsed >= budget:
         progress.stopped_by = "time_budget"
         return True
     return False

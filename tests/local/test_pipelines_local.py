@@ -185,7 +185,7 @@ def test_hparam_sweep_gives_identical_points_their_own_trainjobs_and_picks_the_t
 @pytest.mark.slow
 def test_llm_finetune_gate_passes_after_real_training_and_hands_on_the_approved_model(tmp_path):
     outputs = run_pipeline(
-        "llm_finetune", tmp_path / "run", num_nodes=2, max_steps=120, time_budget_seconds=40, eval_examples=100,
+        "llm_finetune", tmp_path / "run", num_nodes=2, max_steps=120, time_budget_seconds=0, eval_examples=100,
         gate_metric="loss", min_improvement=0.5,
     )
     base, tuned = metric_values(outputs, "evaluate-model"), metric_values(outputs, "evaluate-model-2")
@@ -202,7 +202,7 @@ def test_llm_finetune_gate_passes_after_real_training_and_hands_on_the_approved_
 @pytest.mark.slow
 def test_llm_finetune_gate_that_fails_leaves_no_approved_model(tmp_path):
     outputs = run_pipeline(
-        "llm_finetune", tmp_path / "run", max_steps=2, time_budget_seconds=20, eval_examples=40,
+        "llm_finetune", tmp_path / "run", max_steps=2, time_budget_seconds=0, eval_examples=40,
         gate_metric="exact_match", min_improvement=0.5,
     )
     assert outputs["evaluate-model-2"]["parameterValues"]["Output"] is False
