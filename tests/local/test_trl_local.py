@@ -64,6 +64,17 @@ def test_sft_then_dpo_with_lora_train_and_save_full_then_merged_models(inputs, t
     assert scores["pairs"] == 20 and 0 <= scores["win_rate"] <= 1 and scores["reward_margin"] != 0  # the adapter moved the policy
 
 
+def test_a_fixed_seed_and_step_count_train_the_same_model_every_time(inputs, tmp_path):
+    """The preference pipeline's figures (win rates) come from these runs: a busy machine must not move them."""
+    model, data = inputs
+    runs = []
+    for i in range(2):
+        lines = run(trl("sft", model, data, tmp_path / f"sft-{i}", "--max_steps", "6", "--learning_rate", "0.003", "--logging_steps", "2"))
+        losses = [line["loss"] for line in lines if "loss" in line and "step" in line]
+        runs.append((losses, (tmp_path / f"sft-{i}" / "model.safetensors").read_bytes()))
+    assert len(runs[0][0]) == 3 and runs[0] == runs[1]
+
+
 def test_a_run_killed_after_a_checkpoint_resumes_from_it_when_run_again(inputs, tmp_path):
     model, data = inputs
     out = tmp_path / "out"
