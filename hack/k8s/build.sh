@@ -171,6 +171,21 @@ if all_present; then
   exit 0
 fi
 
+# One build at a time per cache: `make test` starts this build beside the Python setup, and
+# the integration tests call this script again when they start; the second waits for the
+# first and then finds its binaries instead of compiling everything a second time.
+mkdir -p "$CACHE_ROOT"
+exec 9>"$CACHE_ROOT/.build.lock"
+if ! flock -n 9; then
+  echo "another build.sh is building into $CACHE_ROOT: waiting for it" >&2
+  flock 9
+  if all_present; then
+    echo "control plane binaries present (built by the other build)" >&2
+    report
+    exit 0
+  fi
+fi
+
 command -v go >/dev/null || { echo "go not found in PATH: cannot build the control plane" >&2; report; exit 1; }
 
 # The wrappers must pin the versions this script names (the cache key).

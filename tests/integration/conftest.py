@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -37,6 +38,8 @@ from helpers import wait_for  # noqa: E402  (tests/integration/helpers.py)
 
 _IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _BUILD_ERROR: str | None = None
+_BUILD: threading.Thread | None = None  # builds the binaries while the tests that need no cluster run
+_BUILD_LOG: list[str] = []
 _WANT_REAL_NODE = False  # a selected test runs real pods
 _CLUSTER: testcluster.TestCluster | None = None
 # Component logs attached to a failing test's report (last lines of each).
@@ -61,29 +64,60 @@ def _log_tails(c: testcluster.TestCluster, names=None, lines: int = 20) -> str:
     return "\n".join(tails)
 
 
+def uses_cluster(item: pytest.Item) -> bool:
+    return "cluster" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Build the control plane binaries before any test runs when a selected test needs them.
+    """Start building the control plane binaries when a selected test needs them; run those tests last.
 
-    Done here, not in the fixture, so a cold build (~20 min on 2 cores) is not cut short by the
-    per-test timeout (pytest-timeout counts fixture setup)."""
-    global _BUILD_ERROR, _WANT_REAL_NODE
+    The tests that need no cluster (unit, local, doctests) run while the build goes on: on a new
+    machine it takes about 20 minutes on 2 cores. The first test that needs the cluster waits for
+    it in :func:`pytest_runtest_protocol`, outside the per-test timeout (pytest-timeout counts
+    fixture setup). build.sh takes a lock, so the build ``make test`` started beside the Python
+    setup is waited for, not repeated."""
+    global _WANT_REAL_NODE, _BUILD
     _WANT_REAL_NODE = any("real_node" in getattr(i, "fixturenames", ()) for i in items)
-    if not any("cluster" in getattr(i, "fixturenames", ()) for i in items):
+    if not any(uses_cluster(i) for i in items) or config.option.collectonly:
         return
-    tr = config.pluginmanager.get_plugin("terminalreporter")
+    items[:] = [i for i in items if not uses_cluster(i)] + [i for i in items if uses_cluster(i)]
+    _BUILD = threading.Thread(target=_build, name="control-plane-build", daemon=True)
+    _BUILD.start()
 
-    class _Progress:
+
+def _build() -> None:
+    global _BUILD_ERROR
+
+    class _Lines:
         def write(self, line: str) -> None:
-            if tr is not None and line.strip():
-                tr.write_line(f"[control plane build] {line.rstrip()}")
+            if line.strip():
+                _BUILD_LOG.append(line.rstrip())
 
         def flush(self) -> None:
             pass
 
     try:
-        testcluster.binaries(build=True, log=_Progress())
+        testcluster.binaries(build=True, log=_Lines())
     except testcluster.BinariesUnavailable as e:
         _BUILD_ERROR = str(e)
+    except Exception as e:  # noqa: BLE001 - said as the tests' reason, not lost in a thread
+        _BUILD_ERROR = f"building the control plane failed: {e!r}"
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The first test that needs the cluster waits here for the build, before its timeout starts."""
+    if _BUILD is not None and _BUILD.is_alive() and uses_cluster(item):
+        tr = item.config.pluginmanager.get_plugin("terminalreporter")
+        started = time.monotonic()
+        if tr is not None:
+            tr.write_line(f"[control plane build] waiting for it before {item.nodeid}")
+        _BUILD.join()
+        if tr is not None:
+            for line in _BUILD_LOG:
+                tr.write_line(f"[control plane build] {line}")
+            tr.write_line(f"[control plane build] waited {time.monotonic() - started:.0f} s")
+    yield
 
 
 @pytest.hookimpl(hookwrapper=True)
