@@ -104,7 +104,7 @@ def _whole_number(text: str) -> int:
     try:
         return parse_int(text, "value")
     except ValidationError as e:  # argparse names the flag
-        raise argparse.ArgumentTypeError(str(e)) from None
+        raise argparse.ArgumentTypeError(str(e).removeprefix("value: ")) from None
 
 
 def seconds(text: str) -> float:
@@ -112,7 +112,7 @@ def seconds(text: str) -> float:
     try:
         return parse_float(text, "value")
     except ValidationError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        raise argparse.ArgumentTypeError(str(e).removeprefix("value: ")) from None
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:
@@ -177,7 +177,8 @@ def add_input_flags(parser: argparse.ArgumentParser) -> None:
     """Add a flag per TrainJob input (and ``--inputs-file``) to ``parser``, each with its help."""
     group = parser.add_argument_group("TrainJob inputs (same names as the train_job component's)")
     for field in _SIMPLE:
-        group.add_argument("--" + field.replace("_", "-"), dest=field, help=_with_default(field))
+        short = ("-n",) if field == "namespace" else ()  # kubectl's
+        group.add_argument(*short, "--" + field.replace("_", "-"), dest=field, help=_with_default(field))
     for field in _INT:
         group.add_argument("--" + field.replace("_", "-"), dest=field, type=_whole_number, metavar="N", help=HELP[field])
     for field in _JSON:

@@ -2,7 +2,7 @@
 
 Parameters are typed by the pipeline's declaration (``--param epochs=3``); the outputs of each
 task are summarised at the end. A failed step ends the run with one block naming the step and
-its error (:mod:`kfp_trainer.local_failure`) and exit code 1.
+its error, and exit code 1 (the block is made by :mod:`kfp_trainer.local_failure`).
 """
 
 from __future__ import annotations

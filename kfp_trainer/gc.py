@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import json
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,7 +224,25 @@ def add_parser(sub: Any, formatter: Any = argparse.RawDescriptionHelpFormatter) 
     gc.add_argument(
         "--kubeconfig", metavar="PATH", help="kubeconfig file; $KUBECONFIG, else ~/.kube/config, else the pod's service account when unset"
     )
+    gc.add_argument(
+        "-o", "--output", choices=["json", "yaml"],
+        help="print the jobs listed as a document (what was deleted included), notes on stderr; a table when unset",
+    )  # fmt: skip
     gc.set_defaults(func=run)
+
+
+def check_flags(ns: argparse.Namespace) -> float | None:
+    """The ``--older-than`` limit in seconds, once every flag is known good (before any connection).
+
+    Raises:
+        ValidationError: ``--namespace`` is not a namespace name, or ``--older-than`` not an age.
+    """
+    from .errors import ValidationError
+    from .spec.rules import DNS_LABEL, ok
+
+    if ns.namespace is not None and not ok(DNS_LABEL, ns.namespace, 63):
+        raise ValidationError("--namespace", ns.namespace, "a namespace name: RFC-1123 label, <= 63 characters")
+    return parse_age(ns.older_than) if ns.older_than else None
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -230,22 +250,43 @@ def run(ns: argparse.Namespace) -> int:
     from .backends.kube.connect import connect, kubeconfig_namespace
     from .backends.kube.discovery import default_namespace
 
-    older = parse_age(ns.older_than) if ns.older_than else None
-    api = connect(ns.kubeconfig)
+    older = check_flags(ns)
+    api = connect(ns.kubeconfig, hint="")
     collector = Collector(api, older_than=older)
     namespace = None if ns.all_namespaces else (ns.namespace or kubeconfig_namespace(ns.kubeconfig) or default_namespace())
     found = [collector.inspect(job) for job in collector.trainjobs(namespace)]
     garbage = [c for c in found if c.garbage]
     shown = found if ns.all else garbage
     where = "all namespaces" if namespace is None else f"namespace {namespace}"
-    print(f"{len(found)} TrainJob(s) created by kfp-trainer in {where}; {len(garbage)} to collect")
-    if shown:
+
+    def note(text: str) -> None:  # with -o, stdout holds the document and only that
+        print(text, file=sys.stderr if ns.output else sys.stdout)
+
+    note(f"{len(found)} TrainJob(s) created by kfp-trainer in {where}; {len(garbage)} to collect")
+    if shown and not ns.output:
         print(table(shown))
-    if not garbage:
-        return 0
-    if ns.dry_run or not ns.yes:
-        print("dry run: nothing deleted; add --yes to delete the jobs listed with a reason")
-        return 0
-    for candidate in garbage:
-        print(collector.delete(candidate))
+    deleted: dict[str, str] = {}
+    if garbage and (ns.dry_run or not ns.yes):
+        note("dry run: nothing deleted; add --yes to delete the jobs listed with a reason")
+    elif garbage:
+        for candidate in garbage:
+            deleted[candidate.uid] = collector.delete(candidate)
+            note(deleted[candidate.uid])
+    if ns.output:
+        listing = {"namespace": namespace, "found": len(found), "items": [document(c, deleted.get(c.uid)) for c in shown]}
+        if ns.output == "json":
+            print(json.dumps(listing, indent=2))
+        else:
+            import yaml
+
+            yaml.safe_dump(listing, sys.stdout, sort_keys=False)
     return 0
+
+
+def document(candidate: Candidate, deleted: str | None = None) -> dict[str, Any]:
+    """One listed job for ``-o json|yaml``: the table's columns, the age in seconds, the reasons as a list."""
+    return {
+        "namespace": candidate.namespace, "name": candidate.name, "uid": candidate.uid, "run": candidate.run,
+        "task": candidate.task, "ageSeconds": int(candidate.age), "state": candidate.state, "garbage": candidate.garbage,
+        "why": list(candidate.why), "deleted": deleted,
+    }  # fmt: skip

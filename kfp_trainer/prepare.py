@@ -51,6 +51,25 @@ def is_local(backend: Backend) -> bool:
     return backend.local
 
 
+def check_inputs(inputs: TrainJobInputs, *, local: bool, api_version: spec.ApiVersion | None = None) -> TrainJobInputs:
+    """Step 1 on its own: every check of ``inputs`` that needs no cluster, for a caller that connects only after it.
+
+    ``api_version``: the Trainer API when the caller already knows it (a command-line flag);
+    None leaves the version's own checks to the rendering.
+
+    Raises:
+        InvalidSpecErrors: Any input is invalid (all problems listed).
+
+    Example:
+        >>> check_inputs(TrainJobInputs(num_nodes=0, run_id="r1"), local=False)
+        Traceback (most recent call last):
+        ...
+        kfp_trainer.errors.InvalidSpecErrors: 1 invalid input(s):
+          - num_nodes: got 0; expected an integer from 1 to 1024
+    """
+    return spec.validate(inputs, api_version=api_version, local=local)
+
+
 def prepare(backend: Backend, inputs: TrainJobInputs, *, runtime: RuntimeInfo | None = None) -> PreparedJob:
     """Check ``inputs``, read their runtime (unless given) and render the manifest, each once.
 
@@ -67,7 +86,7 @@ def prepare(backend: Backend, inputs: TrainJobInputs, *, runtime: RuntimeInfo | 
     local = is_local(backend)
     known = runtime is not None and (runtime.kind, runtime.name) == (inputs.runtime_kind, inputs.runtime)
     if not known:  # everything checkable before the first API call
-        spec.validate(inputs, api_version=None, local=local)
+        check_inputs(inputs, local=local)
     if not inputs.namespace:
         inputs = inputs.model_copy(update={"namespace": backend.default_namespace()})
     if known:

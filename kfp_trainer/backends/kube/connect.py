@@ -41,8 +41,11 @@ def kubeconfig_files(kubeconfig: str | None = None) -> list[Path]:
     return listed or [Path("~/.kube/config").expanduser()]
 
 
-def load_client(kubeconfig: str | None = None) -> tuple[Client, str]:
+def load_client(kubeconfig: str | None = None, *, hint: str = _LOCAL_HINT) -> tuple[Client, str]:
     """An API client (the pod's service account, else a kubeconfig) and where its settings came from.
+
+    ``hint`` ends the no-cluster message: how to do without one, in the flags of the command
+    that asked (``""``: no way without one).
 
     Raises:
         UserError: ``--kubeconfig`` names a file that does not exist, or a kubeconfig that cannot be used.
@@ -63,7 +66,7 @@ def load_client(kubeconfig: str | None = None) -> tuple[Client, str]:
     if not present:
         where = "$KUBECONFIG (" + os.environ["KUBECONFIG"] + ")" if os.environ.get("KUBECONFIG") else "~/.kube/config"
         raise ClusterUnreachableError(
-            f"no cluster configured: no kubeconfig at {where}; give --kubeconfig PATH or set KUBECONFIG {_LOCAL_HINT}"
+            f"no cluster configured: no kubeconfig at {where}; give --kubeconfig PATH or set KUBECONFIG" + (f" {hint}" if hint else "")
         )
     source = f"kubeconfig {os.pathsep.join(str(p) for p in present)}"
     import yaml
@@ -97,14 +100,16 @@ def kubeconfig_namespace(kubeconfig: str | None) -> str | None:
     return context_namespace(str(Path(kubeconfig).expanduser()))
 
 
-def connect(kubeconfig: str | None = None, *, timeout: float = CONNECT_TIMEOUT) -> Client:
+def connect(kubeconfig: str | None = None, *, timeout: float = CONNECT_TIMEOUT, hint: str = _LOCAL_HINT) -> Client:
     """An API client whose first connection to the API server is already open.
+
+    ``hint``: see :func:`load_client`.
 
     Raises:
         UserError: A kubeconfig that cannot be used.
         ClusterUnreachableError: No cluster configured, or its API server cannot be reached within ``timeout``.
     """
-    api, source = load_client(kubeconfig)
+    api, source = load_client(kubeconfig, hint=hint)
     open_connection(api, source=source, timeout=timeout)
     return api
 
