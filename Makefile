@@ -107,8 +107,10 @@ bench: setup cluster-build
 test: host-packages browser
 	$(MAKE) -j2 cluster-build test-prerequisites
 
+# Two pytest sessions side by side (hack/pytest_groups.py): the integration tests, which mostly wait
+# on the control plane, beside the unit and local tests, which keep the CPUs busy.
 test-prerequisites: setup lint test-images
-	$(PY) -m pytest --doctest-modules kfp_trainer tests
+	$(PY) hack/pytest_groups.py
 
 # The whole CI run on a fresh clone of HEAD with HOME, the Go module and build caches and pip's
 # cache pointed at empty directories (hack/cold-test.sh): what a new machine sees. COLD_ROOT=<dir>

@@ -1,0 +1,33 @@
+"""make test's runner: two pytest sessions side by side; the run fails when either fails."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
+import pytest_groups  # noqa: E402  (hack/pytest_groups.py)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "test_good.py").write_text("def test_one():\n    pass\n\ndef test_two():\n    pass\n")
+    (tmp_path / "test_bad.py").write_text("def test_fails():\n    assert 1 == 2\n")
+    return tmp_path
+
+
+def test_both_groups_passing_pass(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = pytest_groups.run(["-q", "-p", "no:cacheprovider"], {"a": ["test_good.py"], "bb": ["test_good.py::test_one"]}, tree)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "[a ] " in out and "[bb] " in out  # each line says its group
+    assert "a: exit 0: 2 passed" in out and "bb: exit 0: 1 passed" in out
+
+
+def test_one_failing_group_fails_the_run_and_says_which(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = pytest_groups.run(["-q", "-p", "no:cacheprovider"], {"a": ["test_good.py"], "b": ["test_bad.py"]}, tree)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "a: exit 0: 2 passed" in out and "b: exit 1: 1 failed" in out
