@@ -327,6 +327,13 @@ def plan_inputs(ctx: TrainerContext, trainer: TypedTrainer | None) -> tuple[Any,
         ctx.runtime = ctx.backend.resolve_runtime(probe)
         ctx.inputs.update(trainer.configure(ctx))
     dataset, model = ctx.dataset, ctx.model
+    from .checks import placeholder_errors
+
+    # As when the pipeline was built: an unknown placeholder in the user's own command, an input not connected.
+    connected = {name for name, artifact in (("dataset", dataset), ("model", model)) if _artifact_path(artifact)}
+    errors = placeholder_errors(ctx.inputs, connected=connected, unknown=trainer is None)
+    if errors:
+        raise InvalidSpecErrors(errors)
     plan = plan_paths(
         ctx.inputs,
         local=ctx.local,
