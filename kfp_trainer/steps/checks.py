@@ -143,7 +143,7 @@ def check_trl_finetune(values: Mapping[str, Any]) -> None:
     errors = errors_of(lambda: trl_settings(method=args["method"], extra_args=args["extra_args"], **args["settings"]))
     for uri in ("dataset_uri", "model_uri"):  # fetched by the step: no credentials in them
         if isinstance(args[uri], str) and find_secret(args[uri]):
-            errors.append(ValidationError(uri, args[uri], "a URI without credentials: give the step HF_TOKEN or "
+            errors.append(ValidationError(uri, args[uri], "a URI without credentials -- give the step HF_TOKEN or "
                                           "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY from a Secret (kfp.kubernetes.use_secret_as_env)"))
     _raise(errors + launch_option_errors(values, _TORCHTUNE_LAUNCH) + trainjob_errors(args["inputs"], local=_local(values)))
 
@@ -224,9 +224,9 @@ def check_initializer(values: Mapping[str, Any]) -> None:
         Traceback (most recent call last):
         ...
         kfp_trainer.errors.InvalidSpecErrors: 1 invalid input(s):
-          - uri: got 's3://***@bucket/data'; expected a URI without credentials: ...
+          - uri: got 's3://***@bucket/data'; expected a URI without credentials -- ...
     """
     uri = values.get("uri")
     if isinstance(uri, str) and find_secret(uri):
-        _raise([ValidationError("uri", uri, "a URI without credentials: give the step HF_TOKEN or AWS_ACCESS_KEY_ID and "
+        _raise([ValidationError("uri", uri, "a URI without credentials -- give the step HF_TOKEN or AWS_ACCESS_KEY_ID and "
                                 "AWS_SECRET_ACCESS_KEY from a Secret (kfp.kubernetes.use_secret_as_env)")])  # fmt: skip
