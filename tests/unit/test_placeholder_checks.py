@@ -4,6 +4,8 @@
 empty model; ``{dataset}`` without ``dataset=`` failed only on the cluster, after the steps before it ran.
 """
 
+from typing import Any
+
 import pytest
 from kfp import dsl
 from test_components_build_checks import built, refused_at_build, run_time_error
@@ -88,19 +90,31 @@ def test_a_yaml_loaded_with_our_loader_is_checked_at_the_call():
     assert [e.field for e in refused.errors] == ["args[0]"]
 
 
-def test_a_training_function_that_reads_dataset_dir_needs_the_dataset_connected():
+def test_a_training_function_that_reads_dataset_dir_needs_the_dataset_connected(tmp_path, monkeypatch, capsys):
     @trainjob_component
     def fit(dataset_dir: str, epochs: int = 1):
         print(dataset_dir, epochs)
 
     refused = refused_at_build(lambda: fit(epochs=2, backend="local"))
     assert [e.field for e in refused.errors] == ["dataset"]
+    monkeypatch.setattr(FakeBackend, "runtime_info", _torch_runtime)
+    at_run = run_time_error(fit, tmp_path, monkeypatch, capsys, epochs=2, backend="kubernetes")
+    assert f"[kfp-trainer] error: {refused}" in at_run, (str(refused), at_run)
 
     def connected() -> None:
         data = dataset_initializer(uri="builtin://datasets/addition")
         fit(dataset=data.outputs["dataset"], backend="local")
 
     assert "fit" in built(connected)
+
+
+def _torch_runtime(self: Any, inputs: Any) -> Any:
+    """The torch-distributed ClusterTrainingRuntime as a cluster holds it (a training function's step reads it)."""
+    from kfp_trainer.backends.base import RuntimeInfo
+    from kfp_trainer.backends.local_runtime import BUILTIN_RUNTIMES
+
+    document = BUILTIN_RUNTIMES["torch-distributed"]
+    return RuntimeInfo.from_runtime(document, name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", num_nodes=None)
 
 
 def test_the_library_and_the_cli_refuse_an_unknown_placeholder(capsys):
