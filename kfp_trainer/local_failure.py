@@ -23,7 +23,7 @@ import re
 from collections import deque
 from typing import Any, TextIO
 
-from .redaction import redact_text
+from .redaction import redact_formats, redact_text
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _EXECUTING = re.compile(r"Executing task '([^']+)'")
@@ -140,7 +140,32 @@ def failure_block(error: BaseException, tails: dict[str, Any], last_task: str | 
         return head + " (it printed nothing)"
     if len(said) > BLOCK_LINES:
         said = said[: BLOCK_LINES - 1] + [f"... ({len(said) - BLOCK_LINES + 1} more lines in the step's log above)"]
-    return head + ":\n" + "\n".join("    " + redact_text(line) for line in said)
+    ours = bool(said) and said[0].startswith("error: ")
+    return head + ":\n" + "\n".join("    " + (_shown(line) if ours else redact_text(line)) for line in said)
+
+
+# A refusal as this package words it: ``field: got <value>; expected <what to do>``.
+_REFUSAL = re.compile(r"(?:error: |\s*- )?.+?: got .*?; expected ")
+
+
+def _shown(line: str) -> str:
+    """A line of this package's own error, redacted unless it is a refusal, which was made safe to show.
+
+    A refusal reads ``field: got <value>; expected <what to do>``: the value was hidden or
+    scrubbed when the step made the message, the field is an input's name, and the advice is
+    this package's own text, which names secrets without holding any (``HF_TOKEN -- take it
+    from a Secret``, ``secret_key_to_env={'hf_token': 'HF_TOKEN'}``). Masking it again made
+    nonsense of it (``credentials: *** a Secret``): only credential formats are masked in it
+    (URIs with a password, tokens). Other lines (a failed job's diagnosis, its log tail) are
+    redacted in full.
+
+    Example:
+        >>> _shown("  - hf_token: got '<hidden>'; expected a URI without credentials: name a Secret")
+        "  - hf_token: got '<hidden>'; expected a URI without credentials: name a Secret"
+        >>> _shown("last log lines: HF_TOKEN=hf_abc")
+        'last log lines: HF_TOKEN=***'
+    """
+    return redact_formats(line) if _REFUSAL.match(line) else redact_text(line)
 
 
 def _dedent(lines: list[str]) -> list[str]:

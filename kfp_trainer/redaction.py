@@ -147,6 +147,16 @@ def harmless_literal(value: Any) -> bool:
     return text.startswith("/") and re.fullmatch(r"/[A-Za-z0-9._/-]*", text) is not None and find_secret(text) is None
 
 
+def names_itself(key: str, value: str) -> bool:
+    """True when ``value`` is ``key``'s own name in another spelling: a mapping of names, not a secret.
+
+    Example:
+        >>> names_itself("hf_token", "HF_TOKEN"), names_itself("hf_token", "hf_abc123")
+        (True, False)
+    """
+    return bool(_words(key)) and _words(key) == _words(value)
+
+
 def find_secret(text: Any) -> str | None:
     """What in ``text`` looks like a credential (e.g. ``"a credential in a URI"``), or ``None``.
 
@@ -161,7 +171,7 @@ def find_secret(text: Any) -> str | None:
         if ":" in userinfo or len(userinfo) >= 20:  # user:password, or a token as the user
             return "a credential in a URI"
     if _BARE_CREDENTIALS.search(text):
-        return "a user:password@host credential"
+        return "a credential before @host (user:password@)"
     for what, pattern in _TOKEN_FORMATS:
         if pattern.search(text):
             return what
@@ -188,16 +198,38 @@ def redact_text(text: str) -> str:
     """
     if not isinstance(text, str) or not text:
         return text
+    return _mask_assignments(redact_formats(text))
+
+
+def redact_formats(text: str) -> str:
+    """``text`` with URI credentials and known token formats masked (not ``NAME=value``, which prose can resemble).
+
+    Example:
+        >>> redact_formats("credentials: name a Secret, not s3://key:secret@bucket or hf_abcdefghijklmnopqrstuvwxyz0123")
+        'credentials: name a Secret, not s3://***@bucket or ***'
+    """
     out = redact_uri(text)
     for _, pattern in _TOKEN_FORMATS:
         out = pattern.sub(MASK, out)
+    return out
 
-    def assignment(match: re.Match[str]) -> str:
-        if is_secret_name(match.group("key").lstrip("-")) and not harmless_literal(match.group("value")):
-            return match.group("key") + match.group("sep") + MASK
-        return match.group(0)
 
-    return _ASSIGNMENT.sub(assignment, out)
+def _mask_assignments(text: str) -> str:
+    """``text`` with the value of each ``SECRET_NAME=value`` (or ``: value``) masked.
+
+    The value after a harmless name is searched too: in ``note: HF_TOKEN=abc`` the
+    assignment is the value of ``note``.
+    """
+    out, pos = [], 0
+    while (match := _ASSIGNMENT.search(text, pos)) is not None:
+        key, value = match.group("key").lstrip("-"), match.group("value")
+        if is_secret_name(key) and not harmless_literal(value) and not names_itself(key, value):
+            out.append(text[pos : match.start("value")] + MASK)
+            pos = match.end()
+        else:
+            out.append(text[pos : match.start("value")])
+            pos = match.start("value")
+    return "".join(out) + text[pos:]
 
 
 def _is_env_item(value: dict[Any, Any]) -> bool:

@@ -15,7 +15,9 @@ Before KFP creates the task:
 After: a launcher task (one that runs a TrainJob) gets caching off -- its inputs rarely change
 between runs, so a cache hit would skip training; ``task.set_caching_options(True)`` turns it
 back on -- and, in a pipeline without a workspace, is noted so that an enclosing pipeline's
-workspace reaches it (:mod:`.nested`).
+workspace reaches it (:mod:`.nested`); one that needs that volume (its command uses
+``{output_model}``, a fine-tune's model comes back on it) and never gets one nor a PVC fails
+the pipeline's compilation with the step's own message.
 
 Only the standard library and ``kfp`` are imported at the top; the checks load when a
 component is called.
@@ -37,6 +39,7 @@ UNKNOWN = "$(PIPELINE_VALUE)"
 _CHANNEL = re.compile(r"\{\{channel:task=[\w\s_-]*;name=[\w\s_-]+;type=[\w\s{}\":_-]*;\}\}")
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FUNCTION_ATTRIBUTE = "_kfp_trainer_function"  # what trainjob_component built into the component
+ARTIFACT_INPUTS = ("dataset", "model")  # a launcher's input artifacts ({dataset}, {model})
 
 
 def is_launcher(inputs: Any) -> bool:
@@ -72,13 +75,14 @@ def literal_values(inputs: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any],
     """Every input's value as far as the pipeline knows it, and the names known only at run time.
 
     Inputs left out have the component's default; a pipeline parameter or upstream output is
-    ``None`` (and named in the set); channels inside a list, dict or string are :data:`UNKNOWN`.
+    ``None`` (and named in the set), an upstream ``dataset`` or ``model`` artifact :data:`UNKNOWN`;
+    channels inside a list, dict or string are :data:`UNKNOWN`.
     """
     values = {name: getattr(spec, "default", None) for name, spec in inputs.items()}
     unknown: set[str] = set()
     for name, value in kwargs.items():
         if isinstance(value, pipeline_channel.PipelineChannel):
-            values[name] = None
+            values[name] = UNKNOWN if name in ARTIFACT_INPUTS else None  # a connected artifact: its path comes at run time
             unknown.add(name)
         else:
             values[name], _ = _stand_in(value)
@@ -110,15 +114,27 @@ def _shown(error: Any, unknown: set[str]) -> bool:
     return UNKNOWN not in error.field and UNKNOWN not in repr(error.value)
 
 
-def check_literals(component: Any, kwargs: dict[str, Any]) -> None:
+def task_name(component: Any) -> str:
+    """The name KFP will give the task this call of ``component`` makes in the pipeline being built."""
+    from kfp.dsl import utils
+
+    pipeline = pipeline_context.Pipeline.get_default_pipeline()
+    name = utils.maybe_rename_for_k8s(component.component_spec.name)
+    return utils.make_name_unique_by_adding_index(name, list(pipeline.tasks) if pipeline else [], "-")
+
+
+def check_literals(component: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """Run the step's checks on the call's literal arguments.
+
+    Returns:
+        The values checked (:func:`literal_values`), or ``None`` for a component without checks.
 
     Raises:
         InvalidSpecErrors: What the step would refuse, with its message (secrets hidden).
     """
     kind = kind_of(component)
     if kind is None:
-        return
+        return None
     from kfp_trainer.errors import InvalidSpecErrors
     from kfp_trainer.steps import checks
 
@@ -137,8 +153,20 @@ def check_literals(component: Any, kwargs: dict[str, Any]) -> None:
         if shown:
             refused = InvalidSpecErrors(shown)
             if hasattr(refused, "add_note"):  # Python 3.11+: shown under the traceback, not in the message
-                refused.add_note(f"{component.name}(...): refused while the pipeline was built, as its step would refuse it")
+                where = f"task {task_name(component)!r}: " if pipeline_context.Pipeline.get_default_pipeline() else ""
+                refused.add_note(f"{where}{component.name}(...) refused while the pipeline was built, as its step would refuse it")
             raise refused from None
+    return values
+
+
+def workspace_need(component: Any, values: dict[str, Any] | None) -> Any:
+    """The step's own error if it needs a volume shared with its TrainJob (see :mod:`kfp_trainer.steps.workspace_need`)."""
+    kind = kind_of(component)
+    if kind is None or values is None:
+        return None
+    from kfp_trainer.steps.workspace_need import shared_volume_need
+
+    return shared_volume_need(kind, values, getattr(component, FUNCTION_ATTRIBUTE, None))
 
 
 def call(original: Callable[..., Any], component: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -146,7 +174,7 @@ def call(original: Callable[..., Any], component: Any, args: tuple[Any, ...], kw
     inputs = component.component_spec.inputs or {}
     in_pipeline = pipeline_context.Pipeline.get_default_pipeline() is not None
     kwargs = coerce_floats(inputs, kwargs)
-    check_literals(component, kwargs)
+    values = check_literals(component, kwargs)
     kwargs = context_arguments(inputs, kwargs)
     task = original(component, *args, **kwargs)
     if in_pipeline and is_launcher(inputs):
@@ -154,5 +182,5 @@ def call(original: Callable[..., Any], component: Any, args: tuple[Any, ...], kw
         if WORKSPACE_INPUT in inputs and WORKSPACE_INPUT not in kwargs:
             from .nested import await_workspace
 
-            await_workspace(task)
+            await_workspace(task, workspace_need(component, values))
     return task

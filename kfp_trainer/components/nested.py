@@ -7,6 +7,10 @@ called inside one that declares a workspace, the task KFP makes for it gets a co
 spec in which those tasks receive ``workspace_path=dsl.WORKSPACE_PATH_PLACEHOLDER`` -- as tasks
 of the outer pipeline get it (:mod:`.context`); the nested pipeline itself is left as it was.
 A pipeline nested in a pipeline without a workspace passes the note on to it.
+
+A noted task that needs the volume on a cluster (its step's error, from
+:func:`kfp_trainer.steps.workspace_need.shared_volume_need`) and still has neither a workspace
+nor a PVC when its pipeline is compiled fails the compilation with that error.
 """
 
 from __future__ import annotations
@@ -19,24 +23,39 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 from .context import WORKSPACE_INPUT, building_pipeline, pipeline_workspace_declared
 
 _PENDING = "_kfp_trainer_awaiting_workspace"  # task names, on the GraphComponent
+_NEEDS = "_kfp_trainer_workspace_needs"  # (where, task, the step's error) of tasks that need it, on the GraphComponent
 _CLASSES: dict[type, type] = {}
 
 
-def await_workspace(task: Any) -> None:
-    """Note ``task`` (in a pipeline without a workspace) on the pipeline being built."""
-    _note(building_pipeline(), {task.name})
+def await_workspace(task: Any, need: Any = None) -> None:
+    """Note ``task`` (in a pipeline without a workspace) on the pipeline being built; ``need``: its error without one."""
+    graph = building_pipeline()
+    where = f"task {task.name!r}" + (f" (of pipeline {graph.name!r})" if graph is not None else "")
+    _note(graph, {task.name}, [(where, task, need)] if need is not None else [])
 
 
-def _note(graph: Any, names: set[str]) -> None:
+def _note(graph: Any, names: set[str], needs: list[Any] | None = None) -> None:
     if graph is None or not names:
         return
     pending = graph.__dict__.setdefault(_PENDING, set())
     pending.update(names)
+    graph.__dict__.setdefault(_NEEDS, []).extend(needs or [])
     cls = type(graph)
     if not getattr(cls, _PENDING, False):
         if cls not in _CLASSES:
-            _CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _call, "__module__": cls.__module__, _PENDING: True})
+            members = {"__call__": _call, "pipeline_spec": property(_checked_spec), "__module__": cls.__module__, _PENDING: True}
+            _CLASSES[cls] = type(cls.__name__, (cls,), members)
         graph.__class__ = _CLASSES[cls]
+
+
+def _checked_spec(self: Any) -> Any:
+    """The pipeline's spec (what ``Compiler.compile`` reads), refused while a task that needs the workspace lacks it."""
+    needs = self.__dict__.get(_NEEDS)
+    if needs:
+        from kfp_trainer.steps.workspace_need import refuse_missing_workspace
+
+        refuse_missing_workspace(self.name, needs)
+    return self.component_spec.implementation.graph
 
 
 def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -46,7 +65,7 @@ def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if pipeline_workspace_declared():
             task.pipeline_spec = with_workspace(task.pipeline_spec, names)
         else:
-            _note(building_pipeline(), names)
+            _note(building_pipeline(), names, self.__dict__.get(_NEEDS))
     return task
 
 

@@ -114,13 +114,35 @@ def _check_env_value(where: str, name: str, value: Any) -> list[ValidationError]
             return [ValidationError(where, HIDDEN, e.allowed) for e in errors]
         return errors
     if is_secret_name(name) and not harmless_literal(value):
-        return [
-            ValidationError(
-                where,
-                HIDDEN,
-                f"no literal value for credential-like {name}: pass it by reference, e.g. "
-                f"{{'name': '{name}', 'valueFrom': {{'secretKeyRef': {{'name': 'my-secret', 'key': '{name.lower()}'}}}}}} "
-                "or the initializer's secret input",
-            )
-        ]
+        return [ValidationError(where, HIDDEN, literal_credential_advice(where, name))]
     return check_secret_text(where, value)
+
+
+def literal_credential_advice(where: str, name: str) -> str:
+    """What to do instead of writing credential-like ``name`` literally into the env at ``where``.
+
+    A pipeline cannot pass ``valueFrom`` through the component's ``env`` (a map of names to
+    values: KFP's type check refuses an EnvVar list), so the advice there is
+    ``kfp.kubernetes.use_secret_as_env``, whose env reaches the TrainJob through the task's
+    config; the library and ``kfp-trainer launch`` do take an EnvVar list.
+
+    Example:
+        >>> print(literal_credential_advice("env[0].value", "HF_TOKEN"))  # doctest: +NORMALIZE_WHITESPACE
+        no literal value for credential-like HF_TOKEN -- take it from a Secret: in a pipeline,
+        kfp.kubernetes.use_secret_as_env(task, secret_name='my-secret', secret_key_to_env={'hf_token': 'HF_TOKEN'});
+        with build_trainjob or kfp-trainer launch, env as a list with
+        {'name': 'HF_TOKEN', 'valueFrom': {'secretKeyRef': {'name': 'my-secret', 'key': 'hf_token'}}}
+    """
+    for kind in ("dataset", "model"):
+        if where.startswith(f"{kind}_env"):
+            return (
+                f"no literal value for credential-like {name} -- put it in a Secret and name that Secret in {kind}_secret "
+                f"(the {kind} initializer reads its keys as env vars)"
+            )
+    key = name.lower()
+    return (
+        f"no literal value for credential-like {name} -- take it from a Secret: in a pipeline, "
+        f"kfp.kubernetes.use_secret_as_env(task, secret_name='my-secret', secret_key_to_env={{'{key}': '{name}'}}); "
+        f"with build_trainjob or kfp-trainer launch, env as a list with "
+        f"{{'name': '{name}', 'valueFrom': {{'secretKeyRef': {{'name': 'my-secret', 'key': '{key}'}}}}}}"
+    )

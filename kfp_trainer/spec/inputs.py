@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -275,3 +276,38 @@ def env_list(env: dict[str, str] | list[dict[str, Any]]) -> list[dict[str, Any]]
     return [dict(e) for e in env]
 
 
+_INTEGRAL = re.compile(r"^[+-]?[0-9]+\.0+$")
+
+
+def normalize_values(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Command, args and env values as strings, integral numbers without ``.0``: as the components take them.
+
+    KFP hands pipeline parameters placed inside a list or dict input over as JSON numbers
+    (``5.0`` for an ``int`` 5, sometimes already as the string ``"5.0"``), which an
+    ``int`` command-line option rejects; a literal number or boolean (``env={"EPOCHS": 3}``)
+    is taken as its text. The ``train_job`` component and :func:`~kfp_trainer.spec.build_trainjob`
+    convert their inputs with this, so both accept the same values.
+
+    Example:
+        >>> normalize_values({"args": ["--steps", 5.0, "--lr", "0.5", "--n", "3.0"], "env": {"N": 2, "DEBUG": True}})
+        {'args': ['--steps', '5', '--lr', '0.5', '--n', '3'], 'env': {'N': '2', 'DEBUG': 'true'}}
+    """
+
+    def norm(value: Any) -> Any:
+        if isinstance(value, bool):
+            return str(value).lower()
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        if isinstance(value, (int, float)):
+            return str(value)
+        if isinstance(value, str) and _INTEGRAL.match(value):
+            return value.split(".")[0]
+        return value
+
+    out = dict(inputs)
+    for key in ("command", "args"):
+        if isinstance(out.get(key), list):
+            out[key] = [norm(v) for v in out[key]]
+    if isinstance(out.get("env"), dict):
+        out["env"] = {k: norm(v) for k, v in out["env"].items()}
+    return out

@@ -4,6 +4,8 @@
 * ``v2.1``: pod settings go into ``spec.podTemplateOverrides`` and JobSet labels into
   ``spec.labels`` / ``spec.annotations``.
 
+In both the ``labels`` input is the TrainJob's ``metadata.labels`` as well as its JobSet's.
+
 :func:`build` returns the job as given (``base``, the ``patch`` not merged) and the job to
 send (``patch`` merged): the policy (:mod:`kfp_trainer.spec.policy`) compares the two. Nothing
 here validates: :func:`~kfp_trainer.spec.render` does, before it calls :func:`build`.
@@ -215,7 +217,8 @@ def build(
         (False, True)
     """
     lineage = lineage_labels(inputs)
-    metadata: dict[str, Any] = {"name": resolve_name(inputs, max_length=max_name_length), "labels": dict(lineage)}
+    # The user's labels are the TrainJob's own (kubectl get trainjobs -l team=a), and its JobSet's (below).
+    metadata: dict[str, Any] = {"name": resolve_name(inputs, max_length=max_name_length), "labels": {**lineage, **inputs.labels}}
     if inputs.namespace:
         metadata["namespace"] = inputs.namespace
     if inputs.queue_name:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..dicts import dig
 from ..errors import InvalidSpecErrors, ValidationError
-from .inputs import ApiVersion, TrainJobInputs
+from .inputs import ApiVersion, TrainJobInputs, normalize_values
 from .manifest import build, pod_targets
 from .pod_fields import check_runtime_init_containers
 from .policy import check_manifest
@@ -99,10 +99,13 @@ def _check_initializer_jobs(manifest: dict[str, Any], runtime_jobs: list[str], *
 def build_trainjob(*, api_version: ApiVersion = "v2.2", **inputs: Any) -> dict[str, Any]:
     """Render the TrainJob manifest from the same inputs the ``train_job`` component takes.
 
+    Numbers and booleans in ``command``, ``args`` and ``env`` values become text, as the
+    component makes them (:func:`~kfp_trainer.spec.inputs.normalize_values`).
+
     Example:
         >>> m = build_trainjob(runtime="torch-distributed", run_id="r1", task_name="train",
-        ...                    num_nodes=2, env={"EPOCHS": "3"})
-        >>> m["spec"]["trainer"]["env"]
-        [{'name': 'EPOCHS', 'value': '3'}]
+        ...                    num_nodes=2, env={"EPOCHS": 3}, args=["--lr", 0.1])
+        >>> m["spec"]["trainer"]["env"], m["spec"]["trainer"]["args"]
+        ([{'name': 'EPOCHS', 'value': '3'}], ['--lr', '0.1'])
     """
-    return render(TrainJobInputs.parse(**inputs), api_version=api_version)
+    return render(TrainJobInputs.parse(**normalize_values(inputs)), api_version=api_version)

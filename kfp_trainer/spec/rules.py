@@ -144,8 +144,9 @@ def check_secret_text(field: str, value: Any) -> list[ValidationError]:
 
 
 _BY_REFERENCE = (
-    "pass secrets by reference -- an env var with valueFrom.secretKeyRef (then $(VAR) in args), "
-    "dataset_secret/model_secret for the initializers, or kfp.kubernetes.use_secret_as_env on the task"
+    "take secrets from a Secret -- in a pipeline kfp.kubernetes.use_secret_as_env on the task (then $(VAR) in args), "
+    "dataset_secret/model_secret for the initializers; with build_trainjob or kfp-trainer launch an env var with "
+    "valueFrom.secretKeyRef"
 )
 
 
@@ -163,7 +164,7 @@ def check_args(field: str, items: list[Any]) -> list[ValidationError]:
         if not found and i > 0 and isinstance(item, str) and isinstance(items[i - 1], str):
             flag = _FLAG.fullmatch(items[i - 1])
             if flag and is_secret_name(flag.group(1)) and not item.startswith("-") and not harmless_literal(item):
-                found = [ValidationError(where, HIDDEN, f"no literal value after {items[i - 1]}: {_BY_REFERENCE}")]
+                found = [ValidationError(where, HIDDEN, f"no literal value after {items[i - 1]} -- {_BY_REFERENCE}")]
         errors += found
     return errors
 
@@ -218,7 +219,7 @@ def check_uri(field: str, uri: Any, schemes: tuple[str, ...]) -> list[Validation
         >>> [e.allowed[:30] for e in check_uri("dataset_uri", "s3://bucket/../../etc", ("s3",))]
         ["a URI without '.' or '..' path"]
         >>> [str(e) for e in check_uri("model_uri", "s3://key:secret@bucket/m", ("s3",))]
-        ["model_uri: got 's3://***@bucket/m'; expected a URI without credentials: name a Secret holding them in model_secret"]
+        ["model_uri: got 's3://***@bucket/m'; expected a URI without credentials -- name a Secret holding them in model_secret"]
     """
     if uri == "":
         return []
@@ -230,7 +231,7 @@ def check_uri(field: str, uri: Any, schemes: tuple[str, ...]) -> list[Validation
     authority = rest.split("/", 1)[0]
     if "@" in authority and (scheme != "hf" or ":" in authority.split("@", 1)[0]) or find_secret(uri):
         where = "dataset_secret" if field.startswith("dataset") else "model_secret" if field.startswith("model") else "a Secret"
-        return [ValidationError(field, uri, f"a URI without credentials: name a Secret holding them in {where}")]
+        return [ValidationError(field, uri, f"a URI without credentials -- name a Secret holding them in {where}")]
     path = unquote(rest.split("?", 1)[0].split("#", 1)[0])
     if CONTROL.search(path) or any(part in ("..", ".") for part in re.split(r"[/\\]", path)):
         return [ValidationError(field, uri, "a URI without '.' or '..' path segments (they would leave the bucket, repository or folder)")]

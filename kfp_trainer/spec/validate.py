@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .. import naming
 from ..errors import InvalidSpecErrors, ValidationError
-from . import env_rules, rules
+from . import env_rules, placeholders, rules
 from .host_access import HOST_ADMIN
 from .inputs import (
     API_VERSIONS,
@@ -136,6 +136,7 @@ def _check_trainer(inputs: TrainJobInputs, api_version: ApiVersion | None) -> li
         "resources_per_node", inputs.resources_per_node
     )
     e += env_rules.check_env("env", env_list(inputs.env), reserved=RESERVED_ENV_PREFIXES, file_refs=False)
+    e += placeholders.unknown_placeholder_errors({"command": inputs.command, "args": inputs.args, "env": inputs.env})
     return e
 
 

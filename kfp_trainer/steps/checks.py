@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from ..errors import InvalidSpecErrors, ValidationError
@@ -82,6 +82,34 @@ def trainjob_errors(inputs: Mapping[str, Any], *, local: bool) -> list[Validatio
     return errors_of(lambda: validate(TrainJobInputs.parse(**given), api_version=None, local=local))
 
 
+def placeholder_errors(inputs: Mapping[str, Any], *, connected: Collection[str], unknown: bool = True) -> list[ValidationError]:
+    """Placeholder mistakes in command, args and env: unknown names (``unknown=True``) and inputs not ``connected``.
+
+    Example:
+        >>> [e.field for e in placeholder_errors({"args": ["{model}", "{output_dir}"]}, connected={"dataset"})]
+        ['args[1]', 'model']
+    """
+    from ..spec.placeholders import unconnected_placeholder_errors, unknown_placeholder_errors
+
+    found = unknown_placeholder_errors(inputs) if unknown else []
+    return found + unconnected_placeholder_errors(inputs, connected=connected)
+
+
+def connected_artifacts(values: Mapping[str, Any]) -> set[str]:
+    """The input artifacts (``dataset``, ``model``) a step's values connect (a pipeline stands them in as non-None)."""
+    return {name for name in ("dataset", "model") if values.get(name) is not None}
+
+
+def _unique(errors: list[ValidationError]) -> list[ValidationError]:
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for error in errors:
+        if (error.field, error.allowed) not in seen:
+            seen.add((error.field, error.allowed))
+            out.append(error)
+    return out
+
+
 def _local(values: Mapping[str, Any]) -> bool:
     """Whether the step may run on the local backend (then ``builtin://`` and ``file://`` URIs are fine)."""
     return values.get("backend") != "kubernetes"
@@ -91,7 +119,11 @@ def check_train_job(values: Mapping[str, Any]) -> None:
     """The ``train_job`` component's inputs, as :func:`~kfp_trainer.steps.run_train_job` checks them."""
     from .train_job import LAUNCH_OPTIONS, train_job_inputs
 
-    _raise(launch_option_errors(values, LAUNCH_OPTIONS) + trainjob_errors(train_job_inputs(values), local=_local(values)))
+    inputs = train_job_inputs(values)
+    _raise(_unique(
+        launch_option_errors(values, LAUNCH_OPTIONS) + placeholder_errors(inputs, connected=connected_artifacts(values))
+        + trainjob_errors(inputs, local=_local(values))
+    ))  # fmt: skip
 
 
 def check_torchtune_finetune(values: Mapping[str, Any]) -> None:
@@ -111,7 +143,7 @@ def check_trl_finetune(values: Mapping[str, Any]) -> None:
     errors = errors_of(lambda: trl_settings(method=args["method"], extra_args=args["extra_args"], **args["settings"]))
     for uri in ("dataset_uri", "model_uri"):  # fetched by the step: no credentials in them
         if isinstance(args[uri], str) and find_secret(args[uri]):
-            errors.append(ValidationError(uri, args[uri], "a URI without credentials: give the step HF_TOKEN or "
+            errors.append(ValidationError(uri, args[uri], "a URI without credentials -- give the step HF_TOKEN or "
                                           "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY from a Secret (kfp.kubernetes.use_secret_as_env)"))
     _raise(errors + launch_option_errors(values, _TORCHTUNE_LAUNCH) + trainjob_errors(args["inputs"], local=_local(values)))
 
@@ -156,15 +188,21 @@ def check_function(values: Mapping[str, Any], function: Mapping[str, Any] | None
     component loaded from YAML) the function itself is left to the step.
     """
     from ..spec import rules
+    from ..spec.placeholders import unconnected_error
+    from .function import SPECIAL
 
     function = function or {}
     inputs = {k: values.get(k) for k in ("runtime", "run_id", "task_name", "task_id")}
     inputs.update(image=values.get("image") or None, num_nodes=values.get("num_nodes") or None)  # "" and 0: the runtime's
     errors = launch_option_errors(values, _FUNCTION_LAUNCH)
     errors += trainjob_errors({**inputs, **(function.get("inputs") or {})}, local=_local(values))
+    connected = connected_artifacts(values)
+    for special in function.get("specials") or ():  # dataset_dir / model_dir: the input artifact's path
+        name = SPECIAL[special][1:-1]
+        if name in ("dataset", "model") and name not in connected:
+            errors.append(unconnected_error(name))
     if function.get("source"):
         from ..llm.inputs import FunctionTrainerSettings, parse
-        from .function import SPECIAL
 
         arguments = {name: values.get(name) for name in function.get("arguments") or ()}
         packages, indexes = values.get("packages_to_install"), values.get("pip_index_urls")
@@ -186,9 +224,9 @@ def check_initializer(values: Mapping[str, Any]) -> None:
         Traceback (most recent call last):
         ...
         kfp_trainer.errors.InvalidSpecErrors: 1 invalid input(s):
-          - uri: got 's3://***@bucket/data'; expected a URI without credentials: ...
+          - uri: got 's3://***@bucket/data'; expected a URI without credentials -- ...
     """
     uri = values.get("uri")
     if isinstance(uri, str) and find_secret(uri):
-        _raise([ValidationError("uri", uri, "a URI without credentials: give the step HF_TOKEN or AWS_ACCESS_KEY_ID and "
+        _raise([ValidationError("uri", uri, "a URI without credentials -- give the step HF_TOKEN or AWS_ACCESS_KEY_ID and "
                                 "AWS_SECRET_ACCESS_KEY from a Secret (kfp.kubernetes.use_secret_as_env)")])  # fmt: skip

@@ -9,7 +9,6 @@ known it fills in the TrainJob inputs, and once the job succeeded it hands on th
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Protocol
 
 from .. import cancel, naming
 from ..errors import InvalidSpecErrors
+from ..spec.inputs import normalize_values
 from .common import (
     log,
     resolve_identity,
@@ -90,42 +90,6 @@ class TypedTrainer(Protocol):
 
     def collect(self, ctx: TrainerContext, outcome: Any) -> None:
         """After success: fill ``ctx.output_model`` and add metrics, metadata and report rows."""
-
-
-_INTEGRAL = re.compile(r"^[+-]?[0-9]+\.0+$")
-
-
-def normalize_values(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Command, args and env values as strings, integral numbers without ``.0``.
-
-    KFP hands pipeline parameters placed inside a list or dict input over as JSON numbers
-    (``5.0`` for an ``int`` 5, sometimes already as the string ``"5.0"``), which an
-    ``int`` command-line option rejects.
-
-    Example:
-        >>> normalize_values({"args": ["--steps", 5.0, "--lr", "0.5", "--n", "3.0"], "env": {"N": 2}})
-        {'args': ['--steps', '5', '--lr', '0.5', '--n', '3'], 'env': {'N': '2'}}
-    """
-
-    def norm(value: Any) -> Any:
-        if isinstance(value, bool):
-            return str(value).lower()
-        if isinstance(value, float) and value.is_integer():
-            return str(int(value))
-        if isinstance(value, (int, float)):
-            return str(value)
-        if isinstance(value, str) and _INTEGRAL.match(value):
-            return value.split(".")[0]
-        return value
-
-    out = dict(inputs)
-    for key in ("command", "args"):
-        if isinstance(out.get(key), list):
-            out[key] = [norm(v) for v in out[key]]
-    if isinstance(out.get("env"), dict):
-        out["env"] = {k: norm(v) for k, v in out["env"].items()}
-    return out
-
 
 
 # Integer inputs that mean "unset" at these values (kfp.local cannot hand None to an int input).
@@ -327,6 +291,13 @@ def plan_inputs(ctx: TrainerContext, trainer: TypedTrainer | None) -> tuple[Any,
         ctx.runtime = ctx.backend.resolve_runtime(probe)
         ctx.inputs.update(trainer.configure(ctx))
     dataset, model = ctx.dataset, ctx.model
+    from .checks import placeholder_errors
+
+    # As when the pipeline was built: an unknown placeholder in the user's own command, an input not connected.
+    connected = {name for name, artifact in (("dataset", dataset), ("model", model)) if _artifact_path(artifact)}
+    errors = placeholder_errors(ctx.inputs, connected=connected, unknown=trainer is None)
+    if errors:
+        raise InvalidSpecErrors(errors)
     plan = plan_paths(
         ctx.inputs,
         local=ctx.local,

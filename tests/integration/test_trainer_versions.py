@@ -17,6 +17,7 @@ import time
 
 import pytest
 import sdk_functions
+import test_labels_k8s
 import test_launcher_k8s
 import test_real_controllers
 from helpers import pods
@@ -36,7 +37,7 @@ API_OF = {"v2.1.0": "v2.1", "v2.2.1": "v2.2"}
 
 # The marked tests of these modules, collected here as well (their fixtures resolve to the
 # versioned cluster below).
-for _module in (test_launcher_k8s, test_real_controllers):
+for _module in (test_launcher_k8s, test_labels_k8s, test_real_controllers):
     for _name, _test in list(vars(_module).items()):
         if _name.startswith("test_") and any(m.name == "trainer_versions" for m in getattr(_test, "pytestmark", [])):
             globals()[f"test_{_module.__name__.removeprefix('test_')}__{_name.removeprefix('test_')}"] = _test

@@ -160,7 +160,7 @@ def test_integer_literals_are_accepted_for_float_inputs():
         torchtune_finetune(method="lora", lora_alpha=16, lora_dropout=0, learning_rate=1)
         train_job(start_timeout=600, run_timeout=0)
 
-    spec_doc = next(yaml.safe_load_all(built(body)))
+    spec_doc = next(yaml.safe_load_all(built(body, pipeline_config=workspace_config("1Gi"))))
     tune = spec_doc["root"]["dag"]["tasks"]["torchtune-finetune"]["inputs"]["parameters"]
     assert tune["lora_alpha"]["runtimeValue"]["constant"] == 16.0 and tune["learning_rate"]["runtimeValue"]["constant"] == 1.0
     assert spec_doc["root"]["dag"]["tasks"]["train-job"]["inputs"]["parameters"]["start_timeout"]["runtimeValue"]["constant"] == 600.0
@@ -179,7 +179,7 @@ def test_launcher_tasks_default_to_caching_off_and_can_turn_it_on():
         fit(epochs=2)
         train_job().set_caching_options(True)
 
-    tasks = next(yaml.safe_load_all(built(body)))["root"]["dag"]["tasks"]
+    tasks = next(yaml.safe_load_all(built(body, pipeline_config=workspace_config("1Gi"))))["root"]["dag"]["tasks"]
     assert tasks["dataset-initializer"]["cachingOptions"] == {"enableCache": True}
     assert [tasks[t]["cachingOptions"] for t in ("train-job", "torchtune-finetune", "fit")] == [{}, {}, {}]
     assert tasks["train-job-2"]["cachingOptions"] == {"enableCache": True}
@@ -254,8 +254,9 @@ def test_a_training_functions_literals_are_checked_at_the_call():
 
     refused = refused_at_build(lambda: fit(hf_token=HF, num_nodes=-2))
     assert {e.field for e in refused.errors} == {"hf_token", "num_nodes"} and HF not in str(refused)
-    assert "fit" in built(lambda: fit(epochs=3))
-    assert "fit" in built(lambda: fit(epochs=3, num_nodes=0, image=""))  # the runtime's node count and image, as the SDK leaves them
+    assert "fit" in built(lambda: fit(epochs=3), pipeline_config=workspace_config("1Gi"))
+    # the runtime's node count and image, as the SDK leaves them
+    assert "fit" in built(lambda: fit(epochs=3, num_nodes=0, image=""), pipeline_config=workspace_config("1Gi"))
 
 
 def test_a_launcher_in_a_nested_pipeline_gets_the_outer_pipelines_workspace(tmp_path):

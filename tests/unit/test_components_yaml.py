@@ -8,7 +8,7 @@ import yaml
 from kfp import compiler, components, dsl
 
 from kfp_trainer import compile as gen
-from kfp_trainer.components import COMPONENTS, DEFAULT_IMAGE, load_component_from_file, trainjob_component
+from kfp_trainer.components import COMPONENTS, DEFAULT_IMAGE, load_component_from_file, trainjob_component, workspace_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,12 +97,12 @@ def test_a_trainjob_component_from_a_function_compiles_in_a_pipeline(tmp_path):
 
         os.makedirs(output_dir, exist_ok=True)
 
-    @dsl.pipeline(name="fn")
+    @dsl.pipeline(name="fn", pipeline_config=workspace_config("1Gi"))  # output_dir comes back on the workspace
     def fn():
         fit(epochs=3, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
 
     compiler.Compiler().compile(fn, str(tmp_path / "fn.yaml"))
-    spec = yaml.safe_load((tmp_path / "fn.yaml").read_text())
+    spec = next(yaml.safe_load_all((tmp_path / "fn.yaml").read_text()))  # then the platform spec (the workspace)
     container = spec["deploymentSpec"]["executors"]["exec-fit"]["container"]
     assert "'source': 'def fit(output_dir: str, epochs: int = 1):" in " ".join(container["command"] + container.get("args", []))
 
