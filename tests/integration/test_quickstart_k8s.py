@@ -166,6 +166,7 @@ def test_the_quick_starts_install_and_training_step_run_on_the_cluster_as_the_pi
     body = executor_input(spec, TASK, inputs, config, tmp_path, run_id, artifacts)
     outputs = {name: Path(a["artifacts"][0]["uri"]) for name, a in body["outputs"]["artifacts"].items()}
     done = threading.Event()
+    batch, jobs = client.BatchV1Api(api_client), []
 
     try:
         with StoredTrainJobs(api_client, NAMESPACE) as stored:
@@ -179,6 +180,16 @@ def test_the_quick_starts_install_and_training_step_run_on_the_cluster_as_the_pi
                     out.mkdir(parents=True, exist_ok=True)
                     (out / "model.safetensors").write_bytes(b"fine-tuned weights")
                     (out / "config.json").write_text("{}")
+                    job_name = f"{stored.added[0]['metadata']['name']}-node-0"
+
+                    def trainer_job():  # the Job the Trainer made from the runtime, while it lives
+                        try:
+                            return batch.read_namespaced_job(job_name, NAMESPACE)
+                        except client.ApiException as e:
+                            assert e.status == 404, e.body
+                            return None
+
+                    jobs.append(wait_for(trainer_job, timeout=60, what=f"Job {job_name}"))
 
             thread = threading.Thread(target=trainer, daemon=True)
             thread.start()
@@ -202,7 +213,8 @@ def test_the_quick_starts_install_and_training_step_run_on_the_cluster_as_the_pi
     assert args[args.index("--max-steps") + 1] == "100"  # the pipeline parameter's default, resolved by the driver
     assert trainer_spec["resourcesPerNode"]["limits"] == {"cpu": "2", "memory": "8Gi"}  # set on the task, per node
     # The Trainer built the trainer's Job from the runtime with the TrainJob's image and command.
-    container = client.BatchV1Api(api_client).read_namespaced_job(f"{name}-node-0", NAMESPACE).spec.template.spec.containers[0]
+    assert len(jobs) == 1, "the trainer's Job was not seen"
+    container = jobs[0].spec.template.spec.containers[0]
     assert container.image == trainer_image and container.args == args
     # The step's outputs: the model the trainer wrote, with its metadata, and the metrics it printed.
     executor_output = json.loads((outputs["output_model"].parent / "executor_output.json").read_text())
