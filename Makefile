@@ -120,3 +120,8 @@ test-cold:
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# The documentation site (mkdocs.yml, docs/) into build/site/, warnings as errors, as make test builds it.
+.PHONY: docs
+docs: setup
+	$(PY) -m mkdocs build --strict --site-dir build/site
