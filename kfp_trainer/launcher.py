@@ -43,6 +43,7 @@ from typing import Any, TextIO
 
 from . import cancel, spec
 from .backends.base import Backend, Blocker, JobHandle, RuntimeInfo, Submission
+from .backends.deletion import RETRY
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
 from .jobstatus import JobRef, JobStatus, Phase
 from .metrics import MetricSeries, from_trainer_status
@@ -349,9 +350,11 @@ class Launcher:
             )
             return
         deleted = outcome.phase is Phase.DELETED  # by someone else: nothing is asked of it, its pods go or are re-made
-        failed = f"failed: {outcome.reason or 'no reason given'}: {outcome.message}".rstrip(": ")
+        what = f"failed: {outcome.reason or 'no reason given'}: {outcome.message}".rstrip(": ")
+        if deleted:
+            what = f"was deleted while running: {outcome.message or outcome.reason}; {RETRY}"
         raise JobFailedError(
-            f"TrainJob {outcome.ref} " + (f"was deleted while running: {outcome.message or outcome.reason}" if deleted else failed),
+            f"TrainJob {outcome.ref} {what}",
             reason=outcome.reason,
             diagnosis="Inspect with:\n" + handle.inspect_hint() if deleted else self._diagnose(handle, {}),
         )

@@ -28,6 +28,7 @@ FOREGROUND_FINALIZER = "foregroundDeletion"
 ORPHAN_FINALIZER = "orphan"
 WHO = "not by this step; the TrainJob does not record who deleted it"
 AUDIT = "the API server's audit log tells who"
+RETRY = "to train anyway, retry the step: it waits until the TrainJob is gone, then creates it anew"
 
 
 def propagation(finalizers: list[str]) -> str:
@@ -72,7 +73,11 @@ def deleted_status(obj: dict[str, Any] | None) -> JobStatus | None:
     if how == "foreground":
         what += ": it goes once its JobSet, Jobs and pods are gone"
     elif how == "orphan":
-        what += ": its JobSet, Jobs and pods are left running, owned by nothing"
+        meta = obj.get("metadata") or {}
+        what += (
+            ": its JobSet, Jobs and pods are left running, owned by nothing "
+            f"(remove them with: kubectl delete jobset -n {meta.get('namespace', '')} {meta.get('name', '')})"
+        )
     held = [f for f in finalizers if f not in (FOREGROUND_FINALIZER, ORPHAN_FINALIZER)]
     if held:
         what += f"; finalizers {', '.join(held)} hold it until their controllers remove them"
