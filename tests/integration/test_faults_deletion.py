@@ -35,6 +35,7 @@ from kfp_trainer.spec import TrainJobInputs
 pytestmark = pytest.mark.timeout(240)
 LINES = ["line 0", "line 1", "line 2"]
 SCRIPT = PodScript(lines=LINES, line_delay=0.1, exit_delay=float("inf"))  # three lines, then runs until deleted
+HOLD = "kfp-trainer.test/hold"
 BOUND = 10.0  # seconds from the DELETE request to the step's end (the launcher sees it within a heartbeat)
 REMADE_WINDOW = 4.0  # seconds to look on after the step ended: the controllers re-make a JobSet every 1-3 s
 WORDS = {
@@ -139,12 +140,15 @@ def test_a_job_deleted_by_someone_else_fails_the_step_at_once_each_line_relayed_
 
 
 def test_a_retry_never_adopts_the_job_being_deleted_and_creates_nothing_over_it(api_client, checked, ledger):
-    """The step failed (the job deleted with foreground propagation, held by the controllers); its retry
-    renders the same name. It does not adopt, delete or patch that job: it waits for it to go, bounded,
-    and, the controllers keeping it, fails saying so (exit 3: retry once it is gone) and creates nothing."""
+    """The step failed (the job deleted with foreground propagation, and held: here by a finalizer of
+    someone's, as the re-made JobSets hold it for a while); its retry renders the same name. It does not
+    adopt, delete or patch that job: it waits for it to go, bounded, then fails saying so (exit 3: retry
+    once it is gone) and creates nothing."""
     ns = checked
     thread, result, out, _, name = start(api_client, ns)
     inp = result["inputs"]
+    custom = client.CustomObjectsApi(api_client)
+    custom.patch_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, name, {"metadata": {"finalizers": [HOLD]}})
     try:
         delete_trainjob(api_client, ns, name, "Foreground")
         thread.join(60)
@@ -159,12 +163,14 @@ def test_a_retry_never_adopts_the_job_being_deleted_and_creates_nothing_over_it(
             Launcher(backend, LaunchOptions(logs="0"), out=retry_out).run(inp)
         assert info.value.exit_code == 3
         assert f"TrainJob {ns}/{name} of an earlier try was still being deleted after 3s" in str(info.value)
-        assert "with foreground propagation" in str(info.value) and "not creating another one over it" in str(info.value)
+        assert "with foreground propagation" in str(info.value) and f"finalizers {HOLD} hold it" in str(info.value)
+        assert "not creating another one over it" in str(info.value)
         # Only reads (and the dry-run create that tells the Trainer API version).
         assert [(m, p) for m, p, q in rec.requests if m != "GET" and q.get("dryRun") != "All"] == [], rec.requests
         assert counts(retry_out.getvalue()) == [0, 0, 0]
         assert [e.uid for e in ledger.created(ns)] == [first["metadata"]["uid"]]
     finally:
+        custom.patch_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, name, {"metadata": {"finalizers": None}})
         finish_deletion(api_client, ns, name)
 
 
