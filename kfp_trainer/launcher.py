@@ -18,6 +18,9 @@ The launcher is the same for every backend. It owns the policies a pipeline step
   (:mod:`kfp_trainer.cancel`); it exits with :class:`~kfp_trainer.errors.CancelledError`;
 * deleting waits, bounded, until the job's JobSet, Jobs and pods are gone, and says what is
   left and how to remove it;
+* a TrainJob deleted by someone else (gone, or ``deletionTimestamp`` set) ends the step at once,
+  failed (``DeletedWhileRunning``): no line relayed twice, nothing deleted or patched
+  (:mod:`kfp_trainer.backends.deletion`);
 * the trainer's log streamed to stdout in a thread, each line fed to the metric parser;
 * on failure a :class:`~kfp_trainer.errors.JobFailedError` carrying the reason, the failed
   pods, recent events and the log tail.
@@ -40,6 +43,7 @@ from typing import Any, TextIO
 
 from . import cancel, spec
 from .backends.base import Backend, Blocker, JobHandle, RuntimeInfo, Submission
+from .backends.deletion import RETRY
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
 from .jobstatus import JobRef, JobStatus, Phase
 from .metrics import MetricSeries, from_trainer_status
@@ -50,6 +54,7 @@ from .timing import PREEMPTED, PhaseTimes, duration
 from .trainer_status import ProgressLog
 
 log = logging.getLogger(__name__)
+DELETED_DRAIN = 2.0  # seconds for the log of a job deleted by someone else: the rest from each cursor, at once
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,7 @@ class Launcher:
             cancel.check()  # a stop signal while preparing: nothing was created
             submission = self._submit(manifest, job.runtime)
             handle = _handle(submission)
+            outcome: Outcome | None = None
             try:
                 cancel.check()  # a stop signal while submit returned: the job is known, and deleted below
                 outcome = Outcome(
@@ -195,6 +201,9 @@ class Launcher:
                 self._announce(submission, handle, outcome)
                 self._follow(outcome, handle)
             except (CancelledError, TimeLimitError, CannotStartError) as e:
+                if outcome is not None and outcome.phase is Phase.DELETED:  # someone else is deleting it: theirs to finish
+                    self.say(f"{type(e).__name__}: TrainJob {submission.ref} is being deleted by someone else; left to them")
+                    raise
                 self.say(f"{type(e).__name__}: deleting TrainJob {submission.ref}")
                 self._delete(handle)
                 raise
@@ -249,7 +258,7 @@ class Launcher:
         printer = Printer(self.out, outcome.metrics, self.options.logs == "all", lambda: self._mark_started(outcome, follow))
         statuses = handle.watch()
         logs_thread: threading.Thread | None = None
-        failing = True
+        drain = min(1.0, self.options.log_drain_timeout)  # a failure on the way: the log is cut short
         try:
             logs_thread = self._start_logs(handle, follow, printer, stop)  # inside: a cancel right after stops it below
             for status in statuses:
@@ -260,10 +269,10 @@ class Launcher:
                 if status is not None and self._observe(outcome, follow, status, now):
                     break
                 self._check_limits(handle, follow, now)
-            failing = False
+            drain = min(DELETED_DRAIN, drain) if outcome.phase is Phase.DELETED else self.options.log_drain_timeout
         finally:
             _close(statuses)
-            self._stop_logs(logs_thread, stop, failing)
+            self._stop_logs(logs_thread, stop, drain)
             printer.close()
             outcome.log_lines = printer.count
             outcome.times, outcome.queue, outcome.progress = follow.times.totals(self.clock()), follow.queue, list(follow.progress.history)
@@ -288,12 +297,11 @@ class Launcher:
         thread.start()
         return thread
 
-    def _stop_logs(self, thread: threading.Thread | None, stop: threading.Event, failing: bool) -> None:
+    def _stop_logs(self, thread: threading.Thread | None, stop: threading.Event, drain: float) -> None:
         if thread is None or thread.ident is None:
             return
         stop.set()  # followers read what is left and return
-        drain = self.options.log_drain_timeout
-        cancel.join(thread, min(1.0, drain) if failing else drain)  # a stop signal cuts the drain short
+        cancel.join(thread, drain)  # a stop signal cuts the drain short
 
     def _observe(self, outcome: Outcome, follow: _Follow, status: JobStatus, now: float) -> bool:
         """Take in one status; True when the job has finished."""
@@ -341,11 +349,14 @@ class Launcher:
                 + (f", preempted {outcome.preemptions}x: {duration(spent[PREEMPTED])} suspended" if PREEMPTED in spent else "")
             )
             return
-        what = "was deleted while running" if outcome.phase is Phase.DELETED else "failed"
+        deleted = outcome.phase is Phase.DELETED  # by someone else: nothing is asked of it, its pods go or are re-made
+        what = f"failed: {outcome.reason or 'no reason given'}: {outcome.message}".rstrip(": ")
+        if deleted:
+            what = f"was deleted while running: {outcome.message or outcome.reason}; {RETRY}"
         raise JobFailedError(
-            f"TrainJob {outcome.ref} {what}: {outcome.reason or 'no reason given'}: {outcome.message}".rstrip(": "),
+            f"TrainJob {outcome.ref} {what}",
             reason=outcome.reason,
-            diagnosis=self._diagnose(handle, {}),
+            diagnosis="Inspect with:\n" + handle.inspect_hint() if deleted else self._diagnose(handle, {}),
         )
 
     def _on_phase(self, status: JobStatus, times: PhaseTimes, now: float, queue: str) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 from ..errors import OwnershipError
 from ..jobstatus import JobRef, JobStatus, Phase
 from ..spec import ALLOW_HOST_ACCESS_ANNOTATION, LABEL_DIGEST, LABEL_RUN, LABEL_TASK, ApiVersion, TrainJobInputs, dig
+from .deletion import deleted_status
 
 
 @dataclass(frozen=True)
@@ -133,25 +134,33 @@ LogSink = Callable[[LogLine], None]
 
 
 def trainjob_status(obj: dict[str, Any] | None, trainer_job: str = "node") -> JobStatus:
-    """Classify a stored TrainJob: finished, suspended, running or pending.
+    """Classify a stored TrainJob: finished, deleted, suspended, running or pending.
+
+    A job that finished (Failed or Complete) keeps that end even while it is being deleted;
+    one that is gone (``obj`` None) or being deleted before it finished is
+    :data:`~kfp_trainer.jobstatus.Phase.DELETED` (:func:`~kfp_trainer.backends.deletion.deleted_status`).
 
     Example:
         >>> trainjob_status({"status": {"conditions": [
         ...     {"type": "Failed", "status": "True", "reason": "FailedJobs", "message": "x"}]}}).phase
         <Phase.FAILED: 'Failed'>
     """
-    if obj is None:
-        return JobStatus(Phase.DELETED, "Deleted", "the TrainJob no longer exists")
-    status = obj.get("status") or {}
+    status = (obj or {}).get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
-    for kind, phase in (("Failed", Phase.FAILED), ("Complete", Phase.SUCCEEDED), ("Suspended", Phase.SUSPENDED)):
+    for kind, phase in (("Failed", Phase.FAILED), ("Complete", Phase.SUCCEEDED)):
         if kind in conditions:
             c = conditions[kind]
             return JobStatus(phase, c.get("reason", ""), c.get("message", ""), status)
+    deleted = deleted_status(obj)
+    if deleted is not None:
+        return deleted
+    if "Suspended" in conditions:
+        c = conditions["Suspended"]
+        return JobStatus(Phase.SUSPENDED, c.get("reason", ""), c.get("message", ""), status)
     for job in status.get("jobsStatus") or []:
         if job.get("name") == trainer_job and (job.get("ready") or job.get("succeeded") or job.get("failed")):
             return JobStatus(Phase.RUNNING, raw=status)
-    if (obj.get("spec") or {}).get("suspend"):
+    if ((obj or {}).get("spec") or {}).get("suspend"):
         return JobStatus(Phase.SUSPENDED, "Suspended", "spec.suspend is true", status)
     return JobStatus(Phase.PENDING, raw=status)
 

@@ -16,7 +16,10 @@ For one TrainJob manifest it:
 Paths starting with ``/workspace`` in the command, args and env are mapped to the job's
 local workspace, so commands written for the Trainer runtimes' layout run unchanged.
 
-State lives in files, so a second launcher (a retry) can adopt a running or finished job. The
+State lives in files, so a second launcher (a retry) can adopt a running or finished job. A
+job whose ``trainjob.json`` is removed under it is deleted, as a TrainJob deleted by someone
+else: its supervisor stops its nodes and never writes the record again, and the step that
+follows it fails (``DeletedWhileRunning``). The
 state names the launcher process that supervises the job, and each node process, by pid and
 start time (:mod:`kfp_trainer.backends.procs`): a retry that finds the supervisor gone (killed,
 or its pid now held by another process) replaces the job, and a launcher following an adopted
@@ -202,6 +205,8 @@ class LocalBackend(Backend):
 
     def _set_status(self, directory: Path, obj: dict[str, Any], **status: Any) -> None:
         obj["status"].update(status)
+        if not _recorded(directory, obj):  # deleted by someone else: never written again
+            return
         _write_json(directory / "trainjob.json", obj)
         job = self.jobs.get(obj["metadata"]["name"])
         if job is not None:
@@ -286,7 +291,13 @@ class LocalBackend(Backend):
     def _wait(self, job: _Job) -> dict[int, int]:
         """Wait for every node; when one fails, stop the others (as JobSet's failure policy does)."""
         codes: dict[int, int] = {}
+        obj = read_json(job.dir / "trainjob.json") or {}
         while len(codes) < len(job.procs) and not job.cancelled.is_set():
+            if not _recorded(job.dir, obj):  # its record was removed: the job is deleted, its nodes go with it
+                job.cancelled.set()
+                for proc in job.procs.values():
+                    _kill_group(proc)
+                break
             for node, proc in job.procs.items():
                 if node not in codes and proc.poll() is not None:
                     codes[node] = proc.returncode
@@ -315,6 +326,15 @@ class LocalBackend(Backend):
                 kill_process(process)  # only if the pid still names that process
         shutil.rmtree(directory, ignore_errors=True)
         return None
+
+
+def _recorded(directory: Path, obj: dict[str, Any]) -> bool:
+    """Whether the job's record is still there (not removed, nor replaced by another job's)."""
+    path = directory / "trainjob.json"
+    if not path.exists():  # written by rename: it never disappears while it is rewritten
+        return False
+    stored = read_json(path)
+    return stored is None or (stored.get("metadata") or {}).get("uid") == (obj.get("metadata") or {}).get("uid")
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

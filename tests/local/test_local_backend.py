@@ -214,3 +214,43 @@ def test_one_backend_follows_two_jobs_each_through_its_own_handle(tmp_path):
         assert "trainjob.json" in handle.inspect_hint() and handle.blockers() == [] and handle.queue_notes() == []
     handles[0].delete()
     assert not backend.job_dir(handles[0].ref).exists() and backend.job_dir(handles[1].ref).exists()
+
+
+def test_a_job_whose_record_is_removed_is_deleted_the_step_fails_and_its_nodes_go(tmp_path):
+    """Someone removes the local job's trainjob.json while the step follows it, as a TrainJob deleted by
+    someone else: the step fails (DeletedWhileRunning, exit 1) with each line once, the supervisor stops
+    the node and never writes the record again."""
+    from kfp_trainer.backends.deletion import DELETED_WHILE_RUNNING
+
+    script = tmp_path / "lines.py"
+    script.write_text("import time\nfor i in range(3):\n    print('line', i, flush=True)\ntime.sleep(300)\n")
+    backend = LocalBackend(tmp_path / "jobs")
+    out = io.StringIO()
+    result: dict = {}
+
+    inputs = TrainJobInputs(run_id="r", task_name="t", command=["python", str(script)])
+
+    def follow() -> None:
+        try:
+            Launcher(backend, LaunchOptions(logs="0"), out=out).run(inputs)
+        except JobFailedError as e:
+            result["error"] = e
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while "line 2" not in out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    record = next((tmp_path / "jobs").rglob("trainjob.json"))
+    pids = json.loads(record.read_text())["status"]["pids"]
+    record.unlink()
+    thread.join(60)
+    assert not thread.is_alive() and "error" in result, out.getvalue()
+    error = result["error"]
+    assert error.exit_code == 1 and error.reason == DELETED_WHILE_RUNNING and "was deleted while running" in str(error)
+    assert [line for line in out.getvalue().splitlines() if line.startswith("line ")] == ["line 0", "line 1", "line 2"]
+    (job,) = backend.jobs.values()  # its supervisor, in this process
+    assert job.thread is not None
+    job.thread.join(30)
+    assert not job.thread.is_alive() and [p for p in pids if _alive(p)] == []
+    assert not record.exists()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ...jobstatus import JobRef, JobStatus, Phase
 from ...spec import GROUP, PLURAL, VERSION
 from ..base import Blocker, JobHandle, LogSink, RuntimeInfo, trainjob_status
+from ..deletion import deletion_time
 from . import inspect
 from .cache import EventQueue
 from .logs import NodeLogFollower
@@ -45,6 +46,7 @@ class KubeJob(JobHandle):
             known = None
         self.known = known
         self.created = str(((known or {}).get("metadata") or {}).get("creationTimestamp") or "")
+        self.deleted_at = ""  # the TrainJob's deletionTimestamp once its watch saw one: pods made since are not followed
         self._tracker: inspect.JobTracker | None = None
         self._lock = threading.Lock()  # the status watch and the log thread both ask for the tracker
 
@@ -63,7 +65,7 @@ class KubeJob(JobHandle):
 
     def watch(self, *, resource_version: str | None = None) -> Iterator[JobStatus | None]:
         """Status changes of the TrainJob (one watch, resumed from resourceVersion); ``None`` = heartbeat."""
-        ref, trainer_job = self.ref, self.trainer_job
+        ref = self.ref
         known = self.known if resource_version is None else None
         version = resource_version or (str(known["metadata"].get("resourceVersion") or "") or None if known else None)
         events = EventQueue(
@@ -77,7 +79,7 @@ class KubeJob(JobHandle):
         )
         last: JobStatus | None = None
         if known is not None:  # the job as created or adopted: its state now, before any change
-            last = trainjob_status(known, trainer_job)
+            last = self._observe(known)
             if last.phase is Phase.RUNNING:
                 self.tracker().started()
             yield last
@@ -87,7 +89,7 @@ class KubeJob(JobHandle):
             if event is None:
                 yield None
                 continue
-            status = _status(ref, event, trainer_job)
+            status = self._observe(_object(ref, event))
             if (
                 last is None
                 or (status.phase, status.reason, status.message) != (last.phase, last.reason, last.message)
@@ -97,6 +99,11 @@ class KubeJob(JobHandle):
                 if status.phase is Phase.RUNNING:
                     self.tracker().started()
                 yield status
+
+    def _observe(self, obj: dict[str, Any] | None) -> JobStatus:
+        """The status of the job as stored (None: gone); remembers when its deletion began."""
+        self.deleted_at = self.deleted_at or deletion_time(obj)
+        return trainjob_status(obj, self.trainer_job)
 
     def blockers(self) -> list[Blocker]:
         """Warning events (on the TrainJob, its JobSet and Jobs) and pod states that keep the job from starting."""
@@ -123,6 +130,7 @@ class KubeJob(JobHandle):
                 stop=stop,
                 source=f"{replicated_job}-{index}",
                 pods=pods,
+                deleted_at=lambda: self.deleted_at,
                 read_timeout=self.backend.log_read_timeout,
                 policy=self.backend.policy,
             )
@@ -167,12 +175,12 @@ class KubeJob(JobHandle):
         return inspect.inspect_hint(self.ref)
 
 
-def _status(ref: JobRef, event: tuple[str, dict[str, Any]], trainer_job: str) -> JobStatus:
-    """The job's status in one watch event (a LIST, or a change of one object)."""
+def _object(ref: JobRef, event: tuple[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The job as stored after one watch event (a LIST, or a change of one object); None when it is gone."""
     kind, obj = event
     if kind == "LIST":
         items = [i for i in obj.get("items") or [] if not ref.uid or i["metadata"].get("uid") == ref.uid]
-        return trainjob_status(items[0] if items else None, trainer_job)
+        return items[0] if items else None
     if ref.uid and obj["metadata"].get("uid") != ref.uid:
-        return trainjob_status(None, trainer_job)  # a different object with the same name: ours is gone
-    return trainjob_status(None if kind == "DELETED" else obj, trainer_job)
+        return None  # a different object with the same name: ours is gone
+    return None if kind == "DELETED" else obj

@@ -3,7 +3,9 @@
 Submitting finds the task's TrainJobs by their lineage labels (run id + task) first:
 
 * the one with this name (same inputs) is adopted -- or, when it failed, replaced; when it is
-  already being deleted it is waited for, never adopted;
+  already being deleted (by someone else: a step deleted while running, then retried) it is
+  never adopted, deleted or patched: the new one is created once it and everything under it are
+  gone, waited for up to ``replace_timeout`` (a :class:`DeletionTimeoutError` when it is not);
 * one with another name (other inputs: an earlier try of this task) is replaced: deleted and
   waited for before the new one is created -- unless the launcher recorded on it still runs,
   which is left alone and named in the log;
@@ -29,6 +31,7 @@ from ...jobstatus import JobRef, Phase
 from ...spec import GROUP, LABEL_DIGEST, LABEL_RUN, LABEL_SCOPE, LABEL_TASK, PLURAL, VERSION
 from .. import owner
 from ..base import Submission, check_ownership, trainjob_status
+from ..deletion import deleted_status
 from ..owner import describe
 from .api import Conflict, NotFound, RetryPolicy, call
 from .discovery import version_mismatch
@@ -174,8 +177,7 @@ class Lifecycle:
             self._remember(existing)
             return Submission(ref, adopted=False, notes=tuple(notes))
         if existing["metadata"].get("deletionTimestamp"):
-            notes.append(f"TrainJob {ref} of an earlier try is being deleted; waited for it to go before creating a new one")
-            self._wait_gone_for_replace(ref, tree=True)
+            self._wait_deleted(existing, notes)
             created = self.create(namespace, manifest)
             return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, notes=tuple(notes))
         if trainjob_status(existing).phase is Phase.FAILED:
@@ -248,8 +250,7 @@ class Lifecycle:
         ref = JobRef(namespace, name, meta["uid"])
         old, new = (meta.get("labels") or {}).get(LABEL_DIGEST), (manifest["metadata"].get("labels") or {}).get(LABEL_DIGEST)
         if meta.get("deletionTimestamp"):
-            notes.append(f"TrainJob {ref} of an earlier try is being deleted; waited for it to go before creating a new one")
-            self._wait_gone_for_replace(ref, tree=True)
+            self._wait_deleted(existing, notes)
         else:
             identity = owner.parse(existing)
             alive, who = self.launcher_alive(identity), describe(identity)
@@ -295,16 +296,24 @@ class Lifecycle:
         left = self.delete(ref, wait=self.replace_timeout, tree=tree, cancellable=True)  # a cancel ends the wait: nothing new is made
         self._refuse_to_create_over(ref, left)
 
-    def _wait_gone_for_replace(self, ref: JobRef, *, tree: bool) -> None:
+    def _wait_gone_for_replace(self, ref: JobRef, *, tree: bool, how: str = "") -> None:
         left = self._wait_tree(ref, time.monotonic() + self.replace_timeout, tree=tree, cancellable=True)
-        self._refuse_to_create_over(ref, left)
+        self._refuse_to_create_over(ref, left, how)
 
-    def _refuse_to_create_over(self, ref: JobRef, left: list[Leftover]) -> None:
+    def _wait_deleted(self, existing: dict[str, Any], notes: list[str]) -> None:
+        """Wait (bounded) until this task's TrainJob being deleted by someone else is gone with all under it; never adopt it."""
+        meta = existing["metadata"]
+        ref, deleting = JobRef(meta["namespace"], meta["name"], meta["uid"]), deleted_status(existing)
+        how = deleting.message if deleting else ""
+        notes.append(f"TrainJob {ref} of an earlier try is being deleted; waited for it to go before creating a new one ({how})")
+        self._wait_gone_for_replace(ref, tree=True, how=how)
+
+    def _refuse_to_create_over(self, ref: JobRef, left: list[Leftover], how: str = "") -> None:
         blocking = [x for x in left if x.kind != "Pod" or not x.terminating]
         if blocking:
             raise DeletionTimeoutError(
                 f"TrainJob {ref} of an earlier try was still being deleted after {self.replace_timeout:.0f}s "
-                f"({', '.join(map(str, blocking))}); not creating another one over it. "
+                f"({', '.join(map(str, blocking))}{': ' + how if how else ''}); not creating another one over it. "
                 + leftovers_message(ref, left, self.replace_timeout).split("\n", 1)[1].strip()
                 + "\nRetry the step once it is gone."
             )

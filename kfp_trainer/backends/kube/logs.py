@@ -13,6 +13,10 @@ of the last line (and how many lines carried exactly that timestamp):
   for the pod watch to show why (restart, finished) and moves on, with nothing to re-read;
 * a dropped connection, or one quiet for ``read_timeout`` seconds, resumes from ``sinceTime``
   and skips what was already shown;
+* a pod made after its TrainJob's deletion began (``deleted_at``: a JobSet the controllers
+  re-created for a job held by a foreground-deletion finalizer) is never read: it runs the
+  trainer anew, and its lines would repeat those already shown
+  (:func:`~kfp_trainer.backends.deletion.made_before`);
 * when the launcher sets ``stop`` (the TrainJob finished, or the run is being cancelled), a
   follower that has read its container to the end returns at once, without a request; one
   still streaming is interrupted (:meth:`NodeLogFollower.interrupt`) and reads the rest once
@@ -35,6 +39,7 @@ import urllib3
 from ...errors import ForbiddenError, KfpTrainerError
 from ...timestamps import Timestamp, parse_timestamp, rfc3339
 from ..base import LogLine, LogSink
+from ..deletion import made_before
 from .api import NotFound, RetryPolicy, call, request
 from .cache import ObjectCache
 from .watch import lines, shutdown
@@ -113,6 +118,7 @@ class NodeLogFollower:
         stop: threading.Event,
         source: str,
         pods: ObjectCache | None = None,
+        deleted_at: Callable[[], str] = lambda: "",
         poll: float = 1.0,
         read_timeout: float = 300.0,
         settle: float = 2.0,
@@ -129,6 +135,7 @@ class NodeLogFollower:
         path = f"/api/v1/namespaces/{namespace}/pods"
         self.pods = pods or ObjectCache(api, path, [("labelSelector", f"jobset.sigs.k8s.io/jobset-name={job}")], policy=policy)
         self.sink = sink
+        self.deleted_at = deleted_at
         self.stop = stop
         self.source = source
         self.poll = poll
@@ -150,7 +157,12 @@ class NodeLogFollower:
 
     # -- pods
     def _mine(self, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-        matching = [p for p in pods if all(((p["metadata"].get("labels") or {}).get(k) == v) for k, v in self.labels.items())]
+        deleted_at = self.deleted_at()  # pods made since the TrainJob's deletion began are re-created ones: never read
+        matching = [
+            p
+            for p in pods
+            if all(((p["metadata"].get("labels") or {}).get(k) == v) for k, v in self.labels.items()) and made_before(p, deleted_at)
+        ]
         if not matching:
             return None
         # The newest pod is the current one when the Job replaced a failed pod.
