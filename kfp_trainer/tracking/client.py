@@ -90,7 +90,7 @@ def pairs(values: Mapping[str, Any], limit: int) -> list[dict[str, str]]:
         if isinstance(value, str):
             text = value
         else:
-            text = json.dumps(value) if isinstance(value, (dict, list, bool)) or value is None else str(value)
+            text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)  # as MLflow's client: False, None
         out.append({"key": str(key)[:250], "value": text if len(text) <= limit else text[: limit - 3] + "..."})
     return out
 
@@ -224,15 +224,15 @@ class MlflowClient:
 
     # ----------------------------------------------------------------- experiments and runs
 
-    def experiment_id(self, name: str) -> str:
-        """The id of the experiment ``name``, created when missing (another creating it meanwhile is fine)."""
+    def experiment_id(self, name: str, *, tags: Mapping[str, str] | None = None) -> str:
+        """The id of the experiment ``name``, created (with ``tags``) when missing; another creating it meanwhile is fine."""
         try:
             return str(self.call("GET", "experiments/get-by-name", query={"experiment_name": name})["experiment"]["experiment_id"])
         except MlflowError as e:
             if e.code != "RESOURCE_DOES_NOT_EXIST":
                 raise
         try:
-            return str(self.call("POST", "experiments/create", {"name": name})["experiment_id"])
+            return str(self.call("POST", "experiments/create", {"name": name, "tags": pairs(tags or {}, MAX_TAG_VALUE)})["experiment_id"])
         except MlflowError as e:
             if e.code != "RESOURCE_ALREADY_EXISTS":
                 raise

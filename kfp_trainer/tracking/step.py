@@ -32,6 +32,7 @@ TASK_TAG = "kfp_trainer.task"  # the task's key (run, task, loop iteration, inpu
 KFP_RUN_TAG = "kfp.pipeline_run_id"  # the tag KFP's plugin sets on the pipeline's run
 KFP_RUN_URL_TAG = "kfp.pipeline_run_url"
 PARENT_TAG = "mlflow.parentRunId"
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}  # a new experiment opens in the UI's model-training view
 
 
 def run_url(uri: str, experiment_id: str, run_id: str) -> str:
@@ -126,7 +127,7 @@ class StepTracking:
                 client.update_run(run.run_id, "RUNNING")
             client.log_batch(run.run_id, tags={k: v for k, v in tags.items() if not k.startswith("mlflow.")})
             return run
-        experiment_id = target.experiment_id or client.experiment_id(target.experiment_name)
+        experiment_id = target.experiment_id or client.experiment_id(target.experiment_name, tags=EXPERIMENT_TAGS)
         key = identity.get("key", "")
         found = client.search_runs([experiment_id], f"tags.`{TASK_TAG}` = '{key}'", max_results=1) if key else []
         if found:
@@ -191,6 +192,10 @@ class StepTracking:
             "kfp_trainer.nodes": str(getattr(runtime, "nodes", "") or ""),
             "kfp_trainer.image": str((job.manifest.get("spec", {}).get("trainer") or {}).get("image", "")) if job is not None else "",
         }  # fmt: skip
+        tags["mlflow.note.content"] = (
+            f"TrainJob `{ref}` ({tags['kfp_trainer.runtime']}, {tags['kfp_trainer.nodes'] or '?'} nodes), "
+            "started by kfp-trainer; its trainer logs into this run from rank 0."
+        )
         if self.enabled:
             client, run_id = self.client, self.run.run_id  # type: ignore[union-attr]
             self._try(lambda: client.log_batch(run_id, tags={k: v for k, v in tags.items() if v}))  # type: ignore[union-attr]
