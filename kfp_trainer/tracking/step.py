@@ -21,12 +21,14 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CancelledError
 from ..redaction import redact_text, redact_uri
 from . import settings
-from .client import MlflowClient, MlflowError, metric
+
+if TYPE_CHECKING:
+    from .client import MlflowClient
 
 TASK_TAG = "kfp_trainer.task"  # the task's key (run, task, loop iteration, inputs): the same on every try
 KFP_RUN_TAG = "kfp.pipeline_run_id"  # the tag KFP's plugin sets on the pipeline's run
@@ -78,7 +80,7 @@ class StepTracking:
         identity: Mapping[str, str],
         say: Callable[[str], None],
         process_env: Mapping[str, str] | None = None,
-        client_factory: Callable[..., MlflowClient] = MlflowClient,
+        client_factory: Callable[..., MlflowClient] | None = None,
     ) -> StepTracking:
         """Open the step's run; a disabled tracker when tracking is off or MLflow cannot be used.
 
@@ -95,8 +97,10 @@ class StepTracking:
         combined = {**process_env, **settings.literal_env(env)}
         target = settings.resolve_target(tracking_uri=tracking_uri, experiment=experiment, env=combined)
         if target is None:
-            return cls(say=say)
-        client = client_factory(target.uri, env=combined, workspace=target.workspace, timeout=20.0, attempts=2)
+            return cls(say=say)  # tracking off: the REST client is not even imported
+        from .client import MlflowClient, MlflowError
+
+        client = (client_factory or MlflowClient)(target.uri, env=combined, workspace=target.workspace, timeout=20.0, attempts=2)
         tracking = cls(target, client, say=say)
         try:
             tracking.run = tracking._open_run(identity)
@@ -148,6 +152,8 @@ class StepTracking:
     def _try(self, what: Callable[[], Any]) -> None:
         if not self.enabled:
             return
+        from .client import MlflowError
+
         try:
             what()
         except (MlflowError, OSError, ValueError, KeyError, TypeError) as e:
@@ -210,6 +216,8 @@ class StepTracking:
         points = [p for name in (series.names() if series else []) for p in series.series(name)]
         positions = [p.step if p.step is not None else p.epoch for p in points]
         step = int(max((x for x in positions if x is not None), default=0))  # the last point the trainer printed: curves end there
+        from .client import metric
+
         values = [metric(k, v, step=step) for k, v in sorted(metrics.items()) if _number(v)]
         values.append(metric("preemptions", getattr(outcome, "preemptions", 0) or 0, step=step))
         tags = {

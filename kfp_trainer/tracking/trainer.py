@@ -4,9 +4,9 @@ The launcher points the trainer nodes at the step's run (``MLFLOW_TRACKING_URI``
 ``MLFLOW_RUN_ID``, ...; :mod:`.settings`); KFP's MLflow plugin does the same for the task's run.
 The project's trainers log through :func:`log_params` (their settings, once) and every JSON
 line they print (:func:`kfp_trainer.trainers._common.emit`): its numbers become metrics at its
-``step`` (per-step loss, learning rate, evaluation metrics, the final summary). The first time,
-the run also gets system tags: the trainer, the host, the world size, Python's and torch's
-versions. Without those variables, or on another rank, every call is a no-op.
+``step`` (per-step loss, learning rate, evaluation metrics, the final summary). With the first
+metrics the run also gets system tags: the trainer, the host, the world size, Python's and
+torch's versions, the device. Without those variables, or on another rank, every call is a no-op.
 
 A trainer never fails for tracking: the first problem is one warning on stderr and logging
 stops; a params conflict (an earlier try logged other values) only skips the params.
@@ -94,6 +94,7 @@ class RunLogger:
         self._warn = warn or (lambda text: print(f"[kfp-trainer] warning: {text}", file=sys.stderr, flush=True))
         self._lock = threading.Lock()
         self._tagged = False
+        self._trainer = ""
         self._last_step = 0
 
     @property
@@ -136,20 +137,20 @@ class RunLogger:
                 pass
         return {k: v for k, v in tags.items() if v}
 
-    def _tag_once(self, trainer: str = "") -> bool:
+    def _tag_once(self) -> bool:
+        """The system tags, with the first metrics (torch is loaded by then: its version and device count)."""
         if self._tagged:
             return True
         self._tagged = True
-        tags = self._system_tags(trainer or os.path.basename(sys.argv[0] or "trainer"))
+        tags = self._system_tags(self._trainer or os.path.basename(sys.argv[0] or "trainer"))
         return self._call(lambda: self.client.log_batch(self.run_id, tags=tags))
 
     def log_params(self, params: Mapping[str, Any], *, trainer: str = "") -> bool:
-        """Log the trainer's settings (and, the first time, the system tags); True when stored."""
+        """Log the trainer's settings (``trainer`` names it in the system tags); True when stored."""
         if not self.enabled:
             return False
         with self._lock:
-            if not self._tag_once(trainer):
-                return False
+            self._trainer = trainer or self._trainer
             shown = {str(k): v for k, v in params.items() if v is not None and not callable(v)}
             return self._call(lambda: self.client.log_batch(self.run_id, params=_scrubbed(shown)), params=True)
 
