@@ -89,7 +89,8 @@ def start(root: Path, *, host: str = "127.0.0.1", timeout: float = 180.0) -> Mlf
     port = free_port(host)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     argv = [executable, "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination",
-            str(root / "artifacts"), "--host", host, "--port", str(port), "--workers", "1"]  # fmt: skip
+            str(root / "artifacts"), "--host", host, "--port", str(port), "--workers", "1",
+            "--allowed-hosts", f"{host},{host}:{port},localhost,localhost:{port}"]  # its Host check refuses other addresses  # fmt: skip
     log = open(root / "server.log", "w")  # noqa: SIM115 - the server writes to it until stopped
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True)
     server = MlflowServer(f"http://{host}:{port}", root, process)

@@ -106,10 +106,12 @@ def _files_run(client: Any, target: Any, training_run: str, step_key: str, name:
     if target.run_id:
         return target.run_id
     experiment = target.experiment_id or client.experiment_id(target.experiment_name)
-    found = client.search_runs([experiment], f"tags.`kfp_trainer.step` = '{step_key}'", max_results=1)
+    from ..tracking.registry import STEP_TAG, quote
+
+    found = client.search_runs([experiment], f"tags.`{STEP_TAG}` = '{quote(step_key)}'", max_results=1)
     if found:
         return str(found[0]["info"]["run_id"])
-    tags = {"kfp_trainer.step": step_key, "mlflow.source.type": "JOB", "mlflow.source.name": "kfp-trainer register_model"}
+    tags = {STEP_TAG: step_key, "mlflow.source.type": "JOB", "mlflow.source.name": "kfp-trainer register_model"}
     return str(client.create_run(experiment, name=f"register {name}", tags=tags)["run_id"])
 
 

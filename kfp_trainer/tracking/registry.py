@@ -57,7 +57,13 @@ def is_local_path(uri: str) -> bool:
     return scheme in ("", "file") or (len(scheme) == 1 and uri[1:3] in (":\\", ":/"))  # a Windows drive letter
 
 
-def _quote(value: str) -> str:
+def quote(value: str) -> str:
+    r"""``value`` inside single quotes of an MLflow search filter.
+
+    Example:
+        >>> print(quote("it's"))
+        it\'s
+    """
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
@@ -75,7 +81,7 @@ def ensure_model(client: MlflowClient, name: str, *, description: str = "", tags
 
 def version_of_step(client: MlflowClient, name: str, step_key: str) -> dict[str, Any] | None:
     """The version of ``name`` an earlier try of the step made (tagged with ``step_key``), if any."""
-    query = {"filter": f"name='{_quote(name)}' and tags.`{STEP_TAG}` = '{_quote(step_key)}'", "max_results": 10}
+    query = {"filter": f"name='{quote(name)}' and tags.`{STEP_TAG}` = '{quote(step_key)}'", "max_results": 10}
     found = client.call("GET", "model-versions/search", query=query).get("model_versions") or []
     return min(found, key=lambda v: int(v["version"])) if found else None
 

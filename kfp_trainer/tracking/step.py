@@ -133,7 +133,9 @@ class StepTracking:
             return run
         experiment_id = target.experiment_id or client.experiment_id(target.experiment_name, tags=EXPERIMENT_TAGS)
         key = identity.get("key", "")
-        found = client.search_runs([experiment_id], f"tags.`{TASK_TAG}` = '{key}'", max_results=1) if key else []
+        from .registry import quote
+
+        found = client.search_runs([experiment_id], f"tags.`{TASK_TAG}` = '{quote(key)}'", max_results=1) if key else []
         if found:
             info = found[0]["info"]
             run = StepRun(str(info["run_id"]), experiment_id, str(info.get("artifact_uri", "")), continued=True)

@@ -1,7 +1,7 @@
 """Trainer pods on the real node log into MLflow; KFP's MLflow plugin variables are honoured; credentials stay Secrets.
 
-A real ``mlflow server`` listens on this machine's node address (where the real node's pods
-reach it). As KFP 2.17's plugin does, the test makes the pipeline run's MLflow run and the
+A real ``mlflow server`` listens on the address this machine has on the real node's pod bridge
+(the pods' network reaches nothing else of it). As KFP 2.17's plugin does, the test makes the pipeline run's MLflow run and the
 task's nested run, and hands the training step the driver's injection through its
 ``task_config.env``: ``MLFLOW_TRACKING_URI``, ``MLFLOW_RUN_ID``, ``MLFLOW_EXPERIMENT_ID``, and the
 basic-auth credentials as ``secretKeyRef`` of ``kfp-mlflow-credentials`` (the step's own
@@ -25,7 +25,8 @@ import pytest
 from kfp import dsl
 from kubernetes import client
 from realpods import prepare_claim
-from testcluster import kubelet, realnode
+from testcluster import realnode
+from testcluster.containerd import GATEWAY
 
 from kfp_trainer import steps
 from kfp_trainer.backends.kubernetes import KubernetesBackend
@@ -47,9 +48,9 @@ def trainer_image(real_node):
 
 
 @pytest.fixture(scope="module")
-def node_mlflow(tmp_path_factory) -> MlflowServer:
-    """``mlflow server`` bound to the node address: the test, the launcher and the real node's pods reach it there."""
-    server = start(tmp_path_factory.mktemp("mlflow-node"), host=kubelet.node_ip())
+def node_mlflow(real_node, tmp_path_factory) -> MlflowServer:
+    """``mlflow server`` on the pods' bridge address (the real node's pods reach nothing else of this machine; the test does too)."""
+    server = start(tmp_path_factory.mktemp("mlflow-node"), host=GATEWAY)
     yield server
     server.stop()
 

@@ -167,3 +167,44 @@ def test_the_trainer_logs_from_rank_0_only_and_stops_after_one_warning():
     assert logger.log_record({"step": 1, "loss": 1.0}) is False  # nothing listens on port 9
     assert logger.log_record({"step": 2, "loss": 0.5}) is False and logger.log_params({"lr": 0.1}) is False
     assert len(warnings) == 1 and "training goes on" in warnings[0] and not logger.enabled
+
+
+def test_an_untracked_step_loads_no_rest_client_and_a_tracked_one_no_mlflow_package():
+    probe = (
+        "import sys, io\n"
+        "from kfp_trainer.tracking.step import StepTracking\n"
+        "off = StepTracking.open(tracking_uri=None, experiment=None, env=None, identity={}, say=print, process_env={})\n"
+        "print(off.enabled, 'kfp_trainer.tracking.client' in sys.modules)\n"
+        "on = StepTracking.open(tracking_uri='http://127.0.0.1:9', experiment=None, env=None, identity={}, say=lambda m: None,"
+        " process_env={})\n"
+        "print(on.enabled, 'kfp_trainer.tracking.client' in sys.modules, any(m.split('.')[0] == 'mlflow' for m in sys.modules))\n"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False", "False", "True", "False"]
+
+
+@pytest.mark.parametrize("name", ["train_job", "trl_finetune", "torchtune_finetune"])
+def test_every_launcher_component_takes_the_tracking_inputs_and_checks_them_first(name, tmp_path, capsys):
+    from kfp import dsl
+
+    from kfp_trainer.components import COMPONENTS
+
+    component = COMPONENTS[name]
+    inputs = component.component_spec.inputs
+    assert inputs["mlflow_tracking_uri"].default is None and inputs["mlflow_experiment"].default is None
+
+    def out(cls, n):
+        a = cls(uri=str(tmp_path / n), name=n, metadata={})
+        a.path = str(tmp_path / n)
+        return a
+
+    with pytest.raises(SystemExit) as exited:
+        component.python_func(
+            output_model=out(dsl.Model, "m"), metrics=out(dsl.Metrics, "x"), report=out(dsl.HTML, "r"), trainjob=str(tmp_path / "t"),
+            run_id="r", task_name="t", mlflow_tracking_uri="sqlite:///mlflow.db",
+            **({} if name == "train_job" else {"dataset_uri": "builtin://datasets/addition", "model_uri": "builtin://models/tiny-char-lm"}),
+        )
+    assert exited.value.code == 2 and "mlflow_tracking_uri" in capsys.readouterr().err
