@@ -105,7 +105,11 @@ def start(root: Path, *, host: str = "127.0.0.1", timeout: float = 180.0) -> Mlf
             time.sleep(0.5)
             continue
         if healthy:  # the first API call loads the server's handlers: not on a test's clock
-            MlflowClient(server.url, env={}, timeout=120, attempts=1).experiment_id("Default")
+            try:
+                MlflowClient(server.url, env={}, timeout=120, attempts=1).experiment_id("Default")
+            except Exception:
+                server.stop()
+                raise
             return server
     server.stop()
     raise AssertionError(f"mlflow server did not answer /health in {timeout:.0f}s:\n{server.log()[-3000:]}")
