@@ -88,6 +88,7 @@ def start(root: Path, *, host: str = "127.0.0.1", timeout: float = 180.0) -> Mlf
     root.mkdir(parents=True, exist_ok=True)
     port = free_port(host)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner: seven worker processes (~1.5 GB) the tests never use
     argv = [executable, "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination",
             str(root / "artifacts"), "--host", host, "--port", str(port), "--workers", "1",
             "--allowed-hosts", f"{host},{host}:{port},localhost,localhost:{port}"]  # its Host check refuses other addresses  # fmt: skip
