@@ -3,6 +3,7 @@
     from kfp_trainer.components import dataset_initializer, model_initializer, train_job, evaluate_model
     from kfp_trainer.components import torchtune_finetune, trainjob_component
     from kfp_trainer.components import trl_finetune, evaluate_preferences
+    from kfp_trainer.components import register_model
 
 Each module here imports only the standard library and ``kfp`` at its top level; what a
 component does at run time lives in :mod:`kfp_trainer.steps`. A call with literal arguments
@@ -20,6 +21,7 @@ from .function import trainjob_component
 from .initializers import dataset_initializer, model_initializer
 from .loading import load_component_from_file, load_component_from_url
 from .preference import evaluate_preferences
+from .registry import register_model
 from .train_job import TASK_CONFIG_PASSTHROUGHS, train_job
 from .trl import trl_finetune
 from .workspace import workspace_config
@@ -33,6 +35,7 @@ COMPONENTS = {
     "model_initializer": model_initializer,
     "evaluate_model": evaluate_model,
     "evaluate_preferences": evaluate_preferences,
+    "register_model": register_model,
 }
 
 __all__ = [
@@ -48,6 +51,7 @@ __all__ = [
     "load_component_from_file",
     "load_component_from_url",
     "model_initializer",
+    "register_model",
     "torchtune_finetune",
     "train_job",
     "trainjob_component",

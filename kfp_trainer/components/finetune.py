@@ -74,6 +74,8 @@ def torchtune_finetune(
     start_timeout: float = 3600.0,
     run_timeout: float = 0.0,
     logs: str = "0",
+    mlflow_tracking_uri: Optional[str] = None,
+    mlflow_experiment: Optional[str] = None,
     task_config: dsl.TaskConfig = None,
 ):
     """Fine-tunes an LLM with a Kubeflow Trainer torchtune runtime and hands on the model.
@@ -148,6 +150,9 @@ def torchtune_finetune(
         start_timeout: Seconds the job may take to start (queueing, initializers' downloads, image pulls); 0 means no limit.
         run_timeout: Seconds the trainer may run once started; 0 means no limit.
         logs: Trainer node whose log is streamed (0, 1, ...), all, or none.
+        mlflow_tracking_uri: MLflow server to track the training in (the trainer logs into the step's run); MLFLOW_TRACKING_URI of the
+            task (KFP's MLflow plugin) when unset. Tracking never fails the step.
+        mlflow_experiment: MLflow experiment of the step's own run (else the task's MLflow run, or experiment kfp-trainer).
         task_config: Filled by KFP from the task's settings; do not set.
 
     Returns:
@@ -164,6 +169,7 @@ def torchtune_finetune(
             **steps.torchtune_finetune_arguments(values), task_config=task_config, backend=backend, start_timeout=start_timeout,
             run_timeout=run_timeout, logs=logs, delete_after_success=False, workspace_path=workspace_path, dataset=None,
             model=None, output_model=output_model, metrics=metrics, report=report, trainjob_path=trainjob,
+            mlflow_tracking_uri=mlflow_tracking_uri, mlflow_experiment=mlflow_experiment,
         )
     )
 

@@ -83,6 +83,8 @@ def train_job(
     run_timeout: float = 0.0,
     logs: str = "0",
     delete_after_success: bool = False,
+    mlflow_tracking_uri: Optional[str] = None,
+    mlflow_experiment: Optional[str] = None,
     task_config: dsl.TaskConfig = None,
 ):
     """Runs a Kubeflow Trainer TrainJob to its end and hands on the trained model.
@@ -161,6 +163,9 @@ def train_job(
         run_timeout: Seconds the trainer may run once started; 0 means no limit.
         logs: Trainer node whose log is streamed (0, 1, ...), all, or none.
         delete_after_success: Delete the TrainJob after it succeeded and its model was copied.
+        mlflow_tracking_uri: MLflow server to track the training in (the trainer logs into the step's run); MLFLOW_TRACKING_URI of the
+            task (KFP's MLflow plugin) when unset. Tracking never fails the step.
+        mlflow_experiment: MLflow experiment of the step's own run (else the task's MLflow run, or experiment kfp-trainer).
         task_config: Filled by KFP from the task's settings; do not set.
 
     Returns:
@@ -177,7 +182,8 @@ def train_job(
             inputs=steps.train_job_inputs(values), task_config=task_config, backend=backend, start_timeout=start_timeout,
             queue_timeout=queue_timeout, run_timeout=run_timeout, logs=logs, delete_after_success=delete_after_success,
             workspace_path=workspace_path, dataset=dataset, model=model, output_model=output_model,
-            metrics=metrics, report=report, trainjob_path=trainjob,
+            metrics=metrics, report=report, trainjob_path=trainjob, mlflow_tracking_uri=mlflow_tracking_uri,
+            mlflow_experiment=mlflow_experiment,
         )
     )
 

@@ -211,6 +211,9 @@ class TrainJobInputs(BaseModel):
         for key in _LEFT_OUT_WHEN_UNSET:  # inputs added later: unset, they keep the names of jobs made before them
             if content.get(key) in (None, "", [], {}):
                 content.pop(key, None)
+        # Where the trainer logs (KFP's MLflow plugin gives each try of a task a new MLFLOW_RUN_ID) is not
+        # what it runs: a retried step must find its job under the same name.
+        content["env"] = _without_tracking(content.get("env"))
         return naming.digest(json.dumps(content, sort_keys=True, default=str))
 
 
@@ -220,6 +223,25 @@ _LEFT_OUT_WHEN_UNSET = (
 )
 _ENV_FIELDS = ("env", "dataset_env", "model_env")
 _ENV_EXPECTED = "a map of NAME to string value, or a list of EnvVar objects ({name, value} or {name, valueFrom})"
+TRACKING_PREFIX = "MLFLOW_"  # the MLflow client's variables (kfp_trainer.tracking.settings)
+
+
+def _without_tracking(env: Any) -> Any:
+    """``env`` without the MLflow client's variables: unchanged when it has none, ``{}`` when nothing else is left.
+
+    Example:
+        >>> _without_tracking([{"name": "MLFLOW_RUN_ID", "value": "r"}]), _without_tracking({"A": "1", "MLFLOW_RUN_ID": "r"})
+        ({}, {'A': '1'})
+    """
+
+    def tracking(name: Any) -> bool:
+        return str(name).startswith(TRACKING_PREFIX)
+
+    if isinstance(env, dict) and any(tracking(k) for k in env):
+        return {k: v for k, v in env.items() if not tracking(k)}
+    if isinstance(env, list) and any(isinstance(e, dict) and tracking(e.get("name")) for e in env):
+        return [e for e in env if not (isinstance(e, dict) and tracking(e.get("name")))] or {}
+    return env
 
 
 def _type_errors(error: pydantic.ValidationError, given: dict[str, Any]) -> list[ValidationError]:

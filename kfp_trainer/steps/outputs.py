@@ -35,10 +35,16 @@ def _base_model(ctx: TrainerContext, job: Any) -> str:
     return source or job.inputs.model_uri or ""
 
 
+def _dataset(ctx: TrainerContext, job: Any) -> str:
+    source = (getattr(ctx.dataset, "metadata", None) or {}).get("source_uri") if ctx.dataset is not None else None
+    return source or job.inputs.dataset_uri or ""
+
+
 def record_model(output_model: Any, job: Any, outcome: Any, plan: Any, ctx: TrainerContext, files: int) -> None:
-    """The output model's metadata: what it is, where it came from, which TrainJob made it."""
+    """The output model's metadata: what it is, where it came from (base model, dataset), which TrainJob made it."""
     known = {
         "base_model": _base_model(ctx, job) or None,
+        "dataset": _dataset(ctx, job) or None,
         "trainjob": str(outcome.ref),
         "runtime": outcome.runtime,
         "trainer_api": outcome.api_version,

@@ -96,7 +96,9 @@ class TypedTrainer(Protocol):
 _UNSET = {"num_nodes": 0, "active_deadline_seconds": 0, "termination_grace_period_seconds": -1}
 #: The ``train_job`` component's inputs that are the launcher's own options, not TrainJob inputs.
 LAUNCH_OPTIONS = ("backend", "workspace_path", "start_timeout", "queue_timeout", "run_timeout", "logs", "delete_after_success")
-_NOT_TRAINJOB = {"output_model", "metrics", "report", "trainjob", "dataset", "model", "task_config", *LAUNCH_OPTIONS}
+#: The inputs that say where the step tracks its training (:mod:`kfp_trainer.tracking`).
+TRACKING_OPTIONS = ("mlflow_tracking_uri", "mlflow_experiment")
+_NOT_TRAINJOB = {"output_model", "metrics", "report", "trainjob", "dataset", "model", "task_config", *LAUNCH_OPTIONS, *TRACKING_OPTIONS}
 
 
 MISSING_CONTEXT = (
@@ -156,6 +158,8 @@ def run_train_job(
     backend_factory: Callable[[str], Any] | None = None,
     queue_timeout: float = 0.0,
     trainer: TypedTrainer | None = None,
+    mlflow_tracking_uri: str | None = None,
+    mlflow_experiment: str | None = None,
 ) -> Any:
     """Run one TrainJob for the ``train_job`` component and fill its outputs.
 
@@ -182,6 +186,8 @@ def run_train_job(
         backend_factory: Test hook replacing :func:`~kfp_trainer.backends.select_backend`.
         queue_timeout: Seconds the job may wait suspended in its queue; 0 = no limit.
         trainer: A typed trainer that completes the inputs and hands on the model.
+        mlflow_tracking_uri: MLflow server to track the training in (else ``MLFLOW_TRACKING_URI``; :mod:`kfp_trainer.tracking`).
+        mlflow_experiment: MLflow experiment of the step's own run.
 
     Returns:
         The launcher's ``Outcome``.
@@ -193,6 +199,7 @@ def run_train_job(
     from .outputs import copy_out, log_metrics, record_model, write_report
 
     artifacts = StepArtifacts(output_model, metrics, report, trainjob_path, dataset, model)
+    check_tracking(mlflow_tracking_uri, mlflow_experiment)
     given = identify(inputs, output_uri=str(getattr(output_model, "uri", "") or ""))
     workspace_path = "" if unresolved(workspace_path) else workspace_path
     options = launch_options(
@@ -204,14 +211,44 @@ def run_train_job(
     plan, runtime = plan_inputs(ctx, trainer)
     # Every input problem -- the runtime's Trainer version and host-access policy included -- before any copy or write.
     job = prepare(chosen, _parse(ctx.inputs), runtime=runtime)
-    stage_in(plan, ctx, trainer)
-    outcome = Launcher(chosen, options, on_submitted=artifacts.write_trainjob).run(job)
-    artifacts.write_trainjob(outcome.ref)
-    files = copy_out(plan, ctx, trainer, outcome)
-    record_model(artifacts.output_model, job, outcome, plan, ctx, files)
-    log_metrics(artifacts.metrics, outcome)
-    write_report(artifacts, job, outcome, ctx, files, local=is_local(chosen))
+    component = type(trainer).__name__ if trainer is not None else "train_job"
+    tracking = open_tracking(mlflow_tracking_uri, mlflow_experiment, ctx, given, component)  # after every check
+    job = tracking.prepared(job)  # the trainer nodes log into the step's run
+
+    def submitted(ref: Any) -> None:
+        artifacts.write_trainjob(ref)
+        tracking.submitted(ref, job)
+
+    with tracking.ending():  # a failed step's run ends FAILED, a cancelled one's KILLED
+        stage_in(plan, ctx, trainer)
+        outcome = Launcher(chosen, options, on_submitted=submitted).run(job)
+        artifacts.write_trainjob(outcome.ref)
+        files = copy_out(plan, ctx, trainer, outcome)
+        record_model(artifacts.output_model, job, outcome, plan, ctx, files)
+        artifacts.output_model.metadata.update(tracking.lineage())  # register_model links the version to this run
+        log_metrics(artifacts.metrics, outcome)
+        write_report(artifacts, job, outcome, ctx, files, local=is_local(chosen))
+    tracking.finished(outcome, metrics=dict(getattr(artifacts.metrics, "metadata", None) or {}), report=artifacts.report.path)
     return outcome
+
+
+def check_tracking(tracking_uri: str | None, experiment: str | None) -> None:
+    """The ``mlflow_*`` inputs, with the other input checks (before anything is made)."""
+    from ..tracking.settings import check_tracking_inputs
+
+    errors = check_tracking_inputs(None if unresolved(tracking_uri) else tracking_uri, None if unresolved(experiment) else experiment)
+    if errors:
+        raise InvalidSpecErrors(errors)
+
+
+def open_tracking(tracking_uri: str | None, experiment: str | None, ctx: TrainerContext, given: Mapping[str, Any], component: str) -> Any:
+    """The step's MLflow run (:class:`~kfp_trainer.tracking.step.StepTracking`; disabled when tracking is off)."""
+    from ..tracking.step import StepTracking
+
+    identity = {k: str(given.get(k) or "") for k in ("run_id", "task_name", "pipeline_name")}
+    identity.update(key=ctx.key, component=component)
+    return StepTracking.open(tracking_uri=tracking_uri or None, experiment=experiment or None, env=ctx.inputs.get("env"),
+                             identity=identity, say=log)  # fmt: skip
 
 
 def _parse(inputs: dict[str, Any]) -> Any:

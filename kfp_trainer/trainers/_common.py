@@ -107,13 +107,19 @@ def threads_per_process(local_world_size: int) -> int:
 
 
 def emit(record: dict[str, Any]) -> None:
-    """Prints one JSON line to stdout and flushes it.
+    """Prints one JSON line to stdout and flushes it; its numbers go to the step's MLflow run too.
+
+    The trainers call it from global rank 0; with no MLflow run to log into (see
+    :mod:`kfp_trainer.tracking.trainer`) that part is a no-op.
 
     Args:
         record: The values to print.
     """
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
+    from kfp_trainer.tracking.trainer import log_record
+
+    log_record(record)
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..progress import ProgressReporter
+from ..tracking.trainer import log_params
 from . import checkpointing
 from ._common import dist_env, emit, threads_per_process
 
@@ -315,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
     if not args.learning_rate > 0:
         raise SystemExit("--learning-rate must be positive")
+    log_params(vars(args), trainer="kfp_trainer.trainers.digits")  # the step's MLflow run, from rank 0 (if any)
     train(args)
     return 0
 

@@ -48,6 +48,7 @@ from typing import Any
 
 from kfp_trainer.data import DatasetError, chat_renderer, load_split
 from kfp_trainer.progress import ProgressReporter
+from kfp_trainer.tracking.trainer import log_params
 from kfp_trainer.trainers import checkpointing
 from kfp_trainer.trainers._common import (
     DistEnv,
@@ -567,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     # Sleeping instead of spinning OpenMP workers keeps CPU training fast when
     # cores are shared with other work; read when torch is first imported.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    log_params(vars(args), trainer="kfp_trainer.trainers.sft")  # the step's MLflow run, from rank 0 (if any)
     train(args)
     return 0
 

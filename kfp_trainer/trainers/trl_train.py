@@ -184,6 +184,10 @@ def train(method: str, argv: list[str]) -> dict[str, Any]:
     config_class, trainer_class = (DPOConfig, DPOTrainer) if method == "dpo" else (SFTConfig, SFTTrainer)
     data, config, model_args = HfArgumentParser((DataArgs, config_class, ModelConfig)).parse_args_into_dataclasses(argv)
     env = dist_env()
+    from kfp_trainer.tracking.trainer import log_params  # the step's MLflow run, from rank 0 (if any)
+
+    log_params({"method": method, **dataclasses.asdict(data), **dataclasses.asdict(model_args), **config.to_sanitized_dict()},
+               trainer="kfp_trainer.trainers.trl_train")  # fmt: skip
 
     def log(message: str) -> None:
         if env.is_main:

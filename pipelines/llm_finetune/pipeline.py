@@ -30,6 +30,7 @@ from kfp_trainer.components import (
     dataset_initializer,
     evaluate_model,
     model_initializer,
+    register_model,
     train_job,
     workspace_config,
 )
@@ -50,6 +51,9 @@ PARAMS: dict[str, Any] = {
     "gate_metric": "exact_match",
     "min_improvement": 0.2,
     "backend": "auto",
+    # The MLflow registered model the approved model becomes a version of (alias "champion"); "" registers nothing.
+    # Needs an MLflow server: MLFLOW_TRACKING_URI (KFP's MLflow plugin sets it on every task) -- docs/mlflow.md.
+    "registered_model": "",
     # Cluster only (kfp.local ignores them): credentials by Secret name, resources of each trainer node.
     "hf_secret": "hf-credentials",
     "s3_secret": "s3-credentials",
@@ -67,6 +71,7 @@ TASK_LABELS = {
     "evaluate-model-2": "fine-tuned model",
     "train-job": "TrainJob",
     "promote-model": "approved model",
+    "register-model": "registered version",
 }
 # The figure `kfp-trainer run` ends with: held-out exact match before and after fine-tuning.
 COMPARE = {"metric": "exact_match", "before": "evaluate-model", "after": "evaluate-model-2"}
@@ -136,6 +141,7 @@ def pipeline(
     gate_metric: str = PARAMS["gate_metric"],
     min_improvement: float = PARAMS["min_improvement"],
     backend: str = PARAMS["backend"],
+    registered_model: str = PARAMS["registered_model"],
     hf_secret: str = PARAMS["hf_secret"],
     s3_secret: str = PARAMS["s3_secret"],
     cpu_per_node: str = PARAMS["cpu_per_node"],
@@ -143,7 +149,7 @@ def pipeline(
     accelerator_type: str = PARAMS["accelerator_type"],
     accelerators_per_node: int = PARAMS["accelerators_per_node"],
 ):
-    """LLM fine-tune: dataset -> base model -> baseline eval -> TrainJob -> eval -> gate -> approved model."""
+    """LLM fine-tune: dataset -> base model -> baseline eval -> TrainJob -> eval -> gate -> approved model (-> registry)."""
     data = use_credentials(dataset_initializer(uri=dataset_uri).set_display_name("dataset"), hf_secret, s3_secret)
     base = use_credentials(model_initializer(uri=model_uri).set_display_name("base model"), hf_secret, s3_secret)
     base_eval = evaluate_model(
@@ -177,9 +183,14 @@ def pipeline(
         min_improvement=min_improvement,
     ).set_display_name("evaluate fine-tuned model")
     with dsl.If(tuned_eval.outputs["Output"] == True, name="improved"):  # noqa: E712 - a KFP condition, not a Python test
-        promote_model(
+        promoted = promote_model(
             model=train.outputs["output_model"], evaluation=tuned_eval.outputs["metrics"], baseline=base_eval.outputs["metrics"]
         ).set_display_name("promote")
+        with dsl.If(registered_model != "", name="registry"):
+            register_model(
+                model=promoted.outputs["approved_model"], model_name=registered_model, metrics=tuned_eval.outputs["metrics"],
+                gate_passed=tuned_eval.outputs["Output"], alias="champion",
+            ).set_display_name("register (MLflow)")
 
 
 def run_local(params: dict | None = None, *, workdir: str | None = None) -> dict:

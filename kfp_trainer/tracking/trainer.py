@@ -1,0 +1,200 @@
+"""Logging from inside a TrainJob into the step's MLflow run: global rank 0 only. Standard library only.
+
+The launcher points the trainer nodes at the step's run (``MLFLOW_TRACKING_URI``,
+``MLFLOW_RUN_ID``, ...; :mod:`.settings`); KFP's MLflow plugin does the same for the task's run.
+The project's trainers log through :func:`log_params` (their settings, once) and every JSON
+line they print (:func:`kfp_trainer.trainers._common.emit`): its numbers become metrics at its
+``step`` (per-step loss, learning rate, evaluation metrics, the final summary). With the first
+metrics the run also gets system tags: the trainer, the host, the world size, Python's and
+torch's versions, the device. Without those variables, or on another rank, every call is a no-op.
+
+A trainer never fails for tracking: the first problem is one warning on stderr and logging
+stops; a params conflict (an earlier try logged other values) only skips the params.
+
+Example:
+    >>> logger = RunLogger(env={"RANK": "0"})  # no MLFLOW_TRACKING_URI / MLFLOW_RUN_ID
+    >>> logger.enabled, logger.log_record({"step": 1, "loss": 0.5})
+    (False, False)
+    >>> metrics_of({"step": 20, "epoch": 0.5, "loss": 0.25, "note": "x", "ok": True})
+    (20, {'epoch': 0.5, 'loss': 0.25})
+    >>> metrics_of({"epoch": 3, "val_accuracy": 0.9})
+    (3, {'epoch': 3.0, 'val_accuracy': 0.9})
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import re
+import socket
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import settings
+
+_NOT_METRICS = frozenset({"step", "global_step", "rank", "local_rank", "node_rank", "pid", "port"})
+_BAD_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def reporting_rank(env: Mapping[str, str]) -> bool:
+    """Whether this process is global rank 0 (torchrun, MPI) or alone.
+
+    Example:
+        >>> reporting_rank({"RANK": "1"}), reporting_rank({})
+        (False, True)
+    """
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if env.get(name) not in (None, ""):
+            return env[name] == "0"
+    return True
+
+
+def metrics_of(record: Mapping[str, Any]) -> tuple[int | None, dict[str, float]]:
+    """The step of a JSON line (``step``, ``global_step``, else a whole ``epoch``) and its metrics (finite numbers)."""
+    step = record.get("step", record.get("global_step"))
+    epoch = record.get("epoch")
+    if step is None and isinstance(epoch, (int, float)) and not isinstance(epoch, bool) and float(epoch).is_integer():
+        step = epoch  # per-epoch trainers (digits): one point per epoch
+    numbers = {}
+    for key, value in record.items():
+        if key in _NOT_METRICS or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(value):
+            numbers[_BAD_KEY.sub("_", str(key))[:250]] = float(value)
+    return (int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step) else None), numbers
+
+
+class RunLogger:
+    """Logs into the run named by ``MLFLOW_RUN_ID`` from global rank 0. See the module docstring.
+
+    Args:
+        env: The environment to read (default ``os.environ``).
+        client_factory: Makes the REST client (a test hook).
+        warn: Writes the one warning (default: a line on stderr).
+    """
+
+    def __init__(
+        self, *, env: Mapping[str, str] | None = None, client_factory: Callable[..., Any] | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
+        env = os.environ if env is None else env
+        self.run_id = (env.get(settings.RUN_ID) or "").strip()
+        uri = (env.get(settings.TRACKING_URI) or "").strip()
+        self.client: Any = None
+        if self.run_id and uri.startswith(("http://", "https://")) and reporting_rank(env):
+            if client_factory is None:
+                from .client import MlflowClient
+
+                client_factory = MlflowClient
+            self.client = client_factory(uri, env=env, timeout=10.0, attempts=2)
+        self._env = env
+        self._warn = warn or (lambda text: print(f"[kfp-trainer] warning: {text}", file=sys.stderr, flush=True))
+        self._lock = threading.Lock()
+        self._tagged = False
+        self._trainer = ""
+        self._last_step = 0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this process logs (rank 0, a run to log into, no problem so far)."""
+        return self.client is not None
+
+    def _call(self, what: Callable[[], Any], *, params: bool = False) -> bool:
+        from .client import MlflowError
+
+        try:
+            what()
+            return True
+        except MlflowError as e:
+            if params and e.code == "INVALID_PARAMETER_VALUE":  # an earlier try of the step logged other values
+                self._warn(f"MLflow run {self.run_id}: params not logged ({e})")
+                return False
+            self._off(e)
+        except (OSError, ValueError, TypeError) as e:
+            self._off(e)
+        return False
+
+    def _off(self, error: BaseException) -> None:
+        from ..redaction import redact_text
+
+        self._warn(f"MLflow logging is off for this trainer: {redact_text(str(error))}; training goes on")
+        self.client = None
+
+    def _system_tags(self, trainer: str) -> dict[str, str]:
+        torch = sys.modules.get("torch")
+        tags = {
+            "kfp_trainer.trainer": trainer, "kfp_trainer.host": socket.gethostname(),
+            "kfp_trainer.world_size": self._env.get("WORLD_SIZE", "1"), "kfp_trainer.python": platform.python_version(),
+            "kfp_trainer.torch": str(getattr(torch, "__version__", "")) if torch else "",
+        }  # fmt: skip
+        if torch is not None:
+            try:
+                tags["kfp_trainer.device"] = "cuda" if torch.cuda.is_available() else "cpu"
+            except Exception:  # noqa: BLE001 - a tag is not worth a failure
+                pass
+        return {k: v for k, v in tags.items() if v}
+
+    def _tag_once(self) -> bool:
+        """The system tags, with the first metrics (torch is loaded by then: its version and device count)."""
+        if self._tagged:
+            return True
+        self._tagged = True
+        tags = self._system_tags(self._trainer or os.path.basename(sys.argv[0] or "trainer"))
+        return self._call(lambda: self.client.log_batch(self.run_id, tags=tags))
+
+    def log_params(self, params: Mapping[str, Any], *, trainer: str = "") -> bool:
+        """Log the trainer's settings (``trainer`` names it in the system tags); True when stored."""
+        if not self.enabled:
+            return False
+        with self._lock:
+            self._trainer = trainer or self._trainer
+            shown = {str(k): v for k, v in params.items() if v is not None and not callable(v)}
+            return self._call(lambda: self.client.log_batch(self.run_id, params=_scrubbed(shown)), params=True)
+
+    def log_record(self, record: Mapping[str, Any]) -> bool:
+        """Log the numbers of one JSON line as metrics at its step (the last step seen when it has none)."""
+        if not self.enabled:
+            return False
+        step, numbers = metrics_of(record)
+        if not numbers:
+            return False
+        from .client import metric
+
+        with self._lock:
+            if not self._tag_once():
+                return False
+            if step is not None:
+                self._last_step = step
+            values = [metric(k, v, step=self._last_step) for k, v in numbers.items()]
+            return self._call(lambda: self.client.log_batch(self.run_id, metrics=values))
+
+
+def _scrubbed(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Params fit to store: secret-like names and values hidden (a token passed as a flag stays out of MLflow)."""
+    from ..redaction import scrub
+
+    return scrub(dict(params))
+
+
+_default: RunLogger | None = None
+
+
+def default() -> RunLogger:
+    """The process-wide logger, built from ``os.environ`` on first use."""
+    global _default
+    if _default is None:
+        _default = RunLogger()
+    return _default
+
+
+def log_params(params: Mapping[str, Any], *, trainer: str = "") -> bool:
+    """:meth:`RunLogger.log_params` on the process-wide logger."""
+    return default().log_params(params, trainer=trainer)
+
+
+def log_record(record: Mapping[str, Any]) -> bool:
+    """:meth:`RunLogger.log_record` on the process-wide logger."""
+    return default().log_record(record)

@@ -1,0 +1,250 @@
+"""A launcher step tracked in a real MLflow server (``mlflow server``, SQLite, artifacts on disk).
+
+The trainer logs its params, per-epoch metrics and system tags from rank 0; the launcher adds
+the TrainJob, times, final metrics and the report; the run ends FINISHED, FAILED or KILLED; a
+retried step continues its run; KFP's plugin variables (as its driver sets them) are honoured;
+an unreachable server is one warning; credentials never land in a TrainJob, a log or an artifact.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import signal
+import tempfile
+import threading
+import uuid
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kfp import dsl, local
+
+from kfp_trainer import steps
+from kfp_trainer.components import train_job
+from kfp_trainer.errors import CancelledError, JobFailedError
+from kfp_trainer.jobstatus import JobStatus, Phase
+from kfp_trainer.trainers import digits
+from tests.fakes import FakeBackend, fresh_stop_signals  # noqa: F401  (a fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_pipeline_module(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"{name}_pipeline", REPO / "pipelines" / name / "pipeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def artifact(cls: type, path: Path, metadata: dict | None = None) -> Any:
+    a = cls(uri=str(path), name=path.name, metadata=dict(metadata or {}))
+    a.path = str(path)
+    return a
+
+
+def tags_of(run: dict) -> dict[str, str]:
+    return {t["key"]: t["value"] for t in run["data"].get("tags") or []}
+
+
+def params_of(run: dict) -> dict[str, str]:
+    return {p["key"]: p["value"] for p in run["data"].get("params") or []}
+
+
+def metrics_of(run: dict) -> dict[str, float]:
+    return {m["key"]: m["value"] for m in run["data"].get("metrics") or []}
+
+
+@pytest.fixture
+def experiment(monkeypatch, mlflow_server) -> str:
+    """A fresh experiment on the test server, named in the step's environment."""
+    name = f"exp-{uuid.uuid4().hex[:8]}"
+    for key in [k for k in os.environ if k.startswith("MLFLOW_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", name)
+    return name
+
+
+def run_step(tmp: Path, backend: Any, *, run_id: str = "run-1", task_config: Any = None, **inputs: Any) -> tuple[Any, str]:
+    """``run_train_job`` in this process on ``backend``; (outcome or the error raised, the step's log)."""
+    out = io.StringIO()
+    tmp.mkdir(parents=True, exist_ok=True)
+    arts = {"output_model": artifact(dsl.Model, tmp / "model"), "metrics": artifact(dsl.Metrics, tmp / "metrics"),
+            "report": artifact(dsl.HTML, tmp / "report")}  # fmt: skip
+    result: Any
+    with redirect_stdout(out):
+        try:
+            result = steps.run_train_job(
+                inputs={"run_id": run_id, "task_name": "train", "pipeline_name": "p", "namespace": "ns", **inputs},
+                task_config=task_config, backend="kubernetes", start_timeout=0, run_timeout=0, logs="0", delete_after_success=False,
+                workspace_path="", dataset=None, model=None, trainjob_path=str(tmp / "trainjob"),
+                backend_factory=lambda kind: backend, **arts,
+            )  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            result = e
+    return result, out.getvalue()
+
+
+def succeeding() -> FakeBackend:
+    return FakeBackend([JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED)], lines=['{"step": 5, "loss": 0.5}'], hold_logs=False)
+
+
+# --------------------------------------------------------------------------- the real trainer, under kfp.local
+
+
+@pytest.mark.slow
+def test_a_tracked_step_gets_the_trainers_params_and_curves_and_what_the_launcher_knows(tmp_path, monkeypatch, mlflow_server, experiment):
+    monkeypatch.setenv("KFP_TRAINER_BACKEND", "local")
+    monkeypatch.setenv("KFP_TRAINER_LOCAL_ROOT", str(tmp_path / "trainjobs"))
+    root = tmp_path / "pipeline-root"
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root),
+               workspace_root=tempfile.mkdtemp(prefix="ws-", dir=tmp_path))  # fmt: skip
+    prepare_digits = load_pipeline_module("pytorch_distributed").prepare_digits
+
+    @dsl.pipeline(name="tracked")
+    def tracked():
+        data = prepare_digits()
+        train_job(
+            runtime="torch-distributed", command=["torchrun", "-m", "kfp_trainer.trainers.digits", "train"],
+            args=["--dataset-dir", "{dataset}", "--output-dir", "{output_model}", "--epochs", "3", "--hidden", "16"],
+            num_nodes=2, num_proc_per_node="1", dataset=data.outputs["dataset"],
+        )  # fmt: skip
+
+    tracked()
+    [run] = mlflow_server.runs(experiment)
+    info, tags, params, metrics = run["info"], tags_of(run), params_of(run), metrics_of(run)
+    [model_dir] = root.glob("*/train-job/output_model")
+    output = json.loads(next(root.glob("*/train-job/executor_output.json")).read_text())
+    model_meta = output["artifacts"]["output_model"]["artifacts"][0]["metadata"]
+    assert info["status"] == "FINISHED" and model_meta["mlflow_run_id"] == info["run_id"]
+    # the launcher: the step's identity, the TrainJob, the times, the final metrics, the report
+    assert tags["kfp.task_name"] == "train-job" and tags["kfp.pipeline_run_id"] and tags["kfp_trainer.task"]
+    assert tags["kfp_trainer.trainjob"] == model_meta["trainjob"] and tags["kfp_trainer.trainjob_uid"]
+    assert tags["kfp_trainer.runtime"] == "ClusterTrainingRuntime/torch-distributed" and tags["kfp_trainer.nodes"] == "2"
+    assert tags["kfp_trainer.trainer_api"] in ("v2.1", "v2.2")
+    assert {"running_seconds", "starting_seconds", "queued_seconds", "preemptions", "val_accuracy"} <= set(metrics)
+    assert metrics["preemptions"] == 0 and metrics["val_accuracy"] > 0.5
+    assert mlflow_server.artifacts(info["run_id"]) == ["report.html"]
+    assert (Path(mlflow_server.root) / "artifacts").rglob("report.html")
+    # the trainer, from rank 0: its settings, one point per epoch, system tags
+    assert (params["epochs"], params["hidden"]) == ("3", "16")
+    assert tags["kfp_trainer.trainer"] == "kfp_trainer.trainers.digits" and tags["kfp_trainer.world_size"] == "2"
+    history = mlflow_server.metric_history(info["run_id"], "val_loss")
+    assert sorted({m["step"] for m in history}) == [1, 2, 3]  # the launcher's final value lands on the last epoch
+    assert (model_dir / "model.safetensors").is_file()
+
+
+# --------------------------------------------------------------------------- run status, retries, problems
+
+
+def test_a_failed_step_ends_its_run_failed_and_its_retry_continues_the_same_run(tmp_path, mlflow_server, experiment):
+    failing = FakeBackend([JobStatus(Phase.RUNNING), JobStatus(Phase.FAILED, "FailedJobs", "node-0 exited 1")], hold_logs=False)
+    error, log = run_step(tmp_path / "try-1", failing)
+    assert isinstance(error, JobFailedError) and "MLflow: run " in log, log
+    [run] = mlflow_server.runs(experiment)
+    assert run["info"]["status"] == "FAILED" and "node-0 exited 1" in tags_of(run)["kfp_trainer.error"]
+    outcome, log = run_step(tmp_path / "try-2", succeeding())
+    assert outcome.succeeded and f"continuing the run of an earlier try {run['info']['run_id']}" in log
+    [again] = mlflow_server.runs(experiment)
+    assert again["info"]["run_id"] == run["info"]["run_id"] and again["info"]["status"] == "FINISHED"
+    assert metrics_of(again)["loss"] == 0.5
+    other, _ = run_step(tmp_path / "other-run", succeeding(), run_id="run-2")  # another KFP run: its own MLflow run
+    assert other.succeeded and len(mlflow_server.runs(experiment)) == 2
+
+
+def test_a_cancelled_step_ends_its_run_killed(tmp_path, mlflow_server, experiment):
+    def sigterm_soon() -> None:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+
+    fake = FakeBackend([JobStatus(Phase.RUNNING)], idle=True, hooks={"watch": sigterm_soon})
+    error, log = run_step(tmp_path, fake)
+    assert isinstance(error, CancelledError) and fake.deleted
+    [run] = mlflow_server.runs(experiment)
+    assert run["info"]["status"] == "KILLED"
+
+
+def test_an_unreachable_server_is_one_warning_and_the_step_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
+    fake = succeeding()
+    outcome, log = run_step(tmp_path, fake)
+    assert outcome.succeeded, log
+    warnings = [line for line in log.splitlines() if "MLflow" in line]
+    assert len(warnings) == 1 and "tracking is off" in warnings[0] and "the training goes on" in warnings[0]
+    assert not any(e["name"] == "MLFLOW_RUN_ID" for e in fake.submitted[0]["spec"].get("trainer", {}).get("env", []))
+
+
+def test_without_a_server_nothing_is_tracked_or_said(tmp_path, monkeypatch):
+    for key in [k for k in os.environ if k.startswith("MLFLOW_")]:
+        monkeypatch.delenv(key)
+    fake = succeeding()
+    outcome, log = run_step(tmp_path, fake)
+    assert outcome.succeeded and "MLflow" not in log and "env" not in fake.submitted[0]["spec"].get("trainer", {})
+
+
+# --------------------------------------------------------------------------- KFP's plugin, credentials
+
+
+def kfp_plugin_runs(server: Any, experiment: str) -> tuple[str, str, str]:
+    """What KFP 2.17 makes before a task starts: the pipeline run's MLflow run, and the task's nested run."""
+    client = server.client()
+    experiment_id = client.experiment_id(experiment)
+    parent = client.create_run(experiment_id, name="llm-finetune-run", tags={
+        "kfp.pipeline_run_id": "kfp-run-42", "kfp.pipeline_run_url": "https://kfp.example.com/#/runs/details/kfp-run-42"})
+    nested = client.create_run(experiment_id, name="train-job", tags={"mlflow.parentRunId": parent["run_id"]})
+    return experiment_id, parent["run_id"], nested["run_id"]
+
+
+@pytest.mark.slow
+def test_kfp_plugin_variables_are_honoured_and_credentials_stay_secret_references(tmp_path, monkeypatch, mlflow_server):
+    experiment = f"kfp-{uuid.uuid4().hex[:8]}"
+    experiment_id, parent, nested = kfp_plugin_runs(mlflow_server, experiment)
+    password = "Pw-" + uuid.uuid4().hex  # what the kubelet would resolve from the Secret into the step's env
+    for key in [k for k in os.environ if k.startswith("MLFLOW_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "pipeline-runner")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+    monkeypatch.setenv("KFP_TRAINER_LOCAL_ROOT", str(tmp_path / "trainjobs"))
+    ref = {"secretKeyRef": {"name": "kfp-mlflow-credentials", "key": "password"}}
+    task_config = {"env": [  # the driver's injection, as the ENV passthrough hands it to the step
+        {"name": "MLFLOW_RUN_ID", "value": nested}, {"name": "MLFLOW_TRACKING_URI", "value": mlflow_server.url},
+        {"name": "MLFLOW_EXPERIMENT_ID", "value": experiment_id},
+        {"name": "MLFLOW_TRACKING_USERNAME", "valueFrom": {"secretKeyRef": {"name": "kfp-mlflow-credentials", "key": "username"}}},
+        {"name": "MLFLOW_TRACKING_PASSWORD", "valueFrom": ref},
+    ]}  # fmt: skip
+    data = tmp_path / "digits"
+    digits.prepare(data)
+    from kfp_trainer.backends import select_backend
+
+    outcome, log = run_step(
+        tmp_path / "step", select_backend("local"), task_config=task_config, runtime="torch-distributed",
+        command=["torchrun", "-m", "kfp_trainer.trainers.digits", "train"],
+        args=["--dataset-dir", str(data), "--output-dir", str(tmp_path / "out"), "--epochs", "2", "--hidden", "8"],
+        num_proc_per_node="1",
+    )  # fmt: skip
+    assert not isinstance(outcome, Exception), log
+    assert f"logging into the task's run {nested}" in log
+    runs = {r["info"]["run_id"]: r for r in mlflow_server.runs(experiment)}
+    assert set(runs) == {parent, nested}  # no run of its own
+    run = runs[nested]
+    assert run["info"]["status"] == "FINISHED" and params_of(run)["epochs"] == "2"
+    assert tags_of(run)["kfp_trainer.trainer"] == "kfp_trainer.trainers.digits" and "val_accuracy" in metrics_of(run)
+    # the TrainJob the local backend ran: the credentials by reference, never their value
+    [manifest_file] = (tmp_path / "trainjobs").rglob("trainjob.json")
+    manifest = json.loads(manifest_file.read_text())
+    env = {e["name"]: e for e in manifest["spec"]["trainer"]["env"]}
+    assert env["MLFLOW_TRACKING_PASSWORD"] == {"name": "MLFLOW_TRACKING_PASSWORD", "valueFrom": ref}
+    assert env["MLFLOW_RUN_ID"]["value"] == nested
+    assert_nowhere(password, [tmp_path, Path(mlflow_server.root) / "artifacts"], log, json.dumps(runs))
+
+
+def assert_nowhere(secret: str, folders: list[Path], *texts: str) -> None:
+    """``secret`` is in no file under ``folders`` and in none of ``texts``."""
+    assert all(secret not in text for text in texts)
+    for folder in folders:
+        for path in folder.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                assert secret.encode() not in path.read_bytes(), f"the credential is in {path}"
