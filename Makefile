@@ -4,13 +4,23 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-cold test-prerequisites unit lint lint-workflows compile images browser debootstrap test-images host-packages cluster-build cluster-up cluster-status cluster-down reliability bench clean
+.PHONY: constraints setup demo test test-cold test-prerequisites unit lint lint-workflows compile images browser debootstrap test-images host-packages cluster-build cluster-up cluster-status cluster-down reliability bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[local,llm,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[local,llm,dev]'
 	touch $(STAMP)
+
+# constraints.txt anew: pyproject.toml's ranges resolved in a new virtualenv (downloads everything).
+constraints:
+	rm -rf build/constraints-venv
+	$(PYTHON) -m venv build/constraints-venv
+	build/constraints-venv/bin/python -m pip install -q --upgrade pip
+	build/constraints-venv/bin/python -m pip install -q -e '.[local,llm,dev]'
+	{ sed -n '/^#/p' constraints.txt; build/constraints-venv/bin/python -m pip freeze --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf build/constraints-venv
 
 setup: $(STAMP)
 

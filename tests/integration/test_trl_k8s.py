@@ -117,7 +117,7 @@ def test_the_deploy_files_runtime_passes_the_trainer_webhooks_and_the_dpo_steps_
     assert job["spec"]["runtimeRef"] == {"apiGroup": GROUP, "kind": "TrainingRuntime", "name": RUNTIME}
     assert "command" not in trainer_spec  # the runtime's torchrun command runs the arguments
     args = trainer_spec["args"]
-    assert args[:3] == ["dpo", "--learning_rate", "0.005"] and args[args.index("--beta") + 1] == "0.1"
+    assert args[:3] == ["dpo", "--learning_rate", "0.002"] and args[args.index("--beta") + 1] == "0.1"
     assert args[args.index("--lora_target_modules") + 1] == "all-linear" and "--use_peft" in args
     shared = str(workspace / ".kfp-trainer")
     assert all(args[args.index(flag) + 1].startswith(shared) for flag in ("--model_name_or_path", "--dataset_name", "--output_dir"))

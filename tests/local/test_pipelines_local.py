@@ -266,7 +266,7 @@ def test_llm_preference_runs_sft_then_dpo_with_trl_and_promotes_the_model_that_w
     assert set(jobs) == {"sft", "dpo"}
     dpo_job = json.loads(jobs["dpo"].read_text())["spec"]
     assert dpo_job["runtimeRef"]["name"] == "kfp-trainer-trl" and "command" not in dpo_job["trainer"]
-    assert dpo_job["trainer"]["args"][:4] == ["dpo", "--learning_rate", "0.005", "--per_device_train_batch_size"]
+    assert dpo_job["trainer"]["args"][:4] == ["dpo", "--learning_rate", "0.002", "--per_device_train_batch_size"]
     assert "trl_train: dpo: 9500 records" in (jobs["dpo"].parent / "logs" / "node-0.log").read_text()  # the runtime's trainer ran
     approved = artifact(outputs, "promote-model", "approved_model")
     assert approved["metadata"]["approved"] is True and approved["metadata"]["eval_win_rate"] == dpo["win_rate"]
