@@ -306,4 +306,27 @@ def inputs_from_args(ns: argparse.Namespace) -> TrainJobInputs:
         given["env"] = env
     if isinstance(given.get("num_proc_per_node"), str) and given["num_proc_per_node"].isascii() and given["num_proc_per_node"].isdigit():
         given["num_proc_per_node"] = int(given["num_proc_per_node"])
+    refuse_component_placeholders(given)
     return TrainJobInputs.parse(**given)
+
+
+def refuse_component_placeholders(given: dict[str, Any]) -> None:
+    """``{dataset}``, ``{model}`` and ``{output_model}``: the train_job component fills them in; the CLI has no artifacts to.
+
+    Copied from a pipeline into ``render`` or ``launch``, they would reach the trainer as they
+    are: refused (exit 2), naming the value and what to give instead.
+    """
+    from .errors import InvalidSpecErrors, ValidationError
+    from .spec.placeholders import PLACEHOLDERS, placeholders_in, texts
+
+    errors = [
+        ValidationError(
+            field, text,
+            f"a path, not {{{name}}}: the train_job component fills in {{{name}}} ({PLACEHOLDERS[name]}) in a pipeline; "
+            "the command line has no artifacts to fill it with",
+        )
+        for field, text in texts(given)
+        for name in sorted(placeholders_in({"args": [text]}))
+    ]  # fmt: skip
+    if errors:
+        raise InvalidSpecErrors(errors)

@@ -78,8 +78,8 @@ def render_command(capsys, *flags: str) -> tuple[list[str], list[str]]:
 
 
 def test_plain_comma_separated_items_still_split(capsys):
-    command, args = render_command(capsys, "--command", "torchrun,train.py", "--args=--lr=0.1,--epochs=3,{dataset}")
-    assert command == ["torchrun", "train.py"] and args == ["--lr=0.1", "--epochs=3", "{dataset}"]
+    command, args = render_command(capsys, "--command", "torchrun,train.py", "--args=--lr=0.1,--epochs=3,/data")
+    assert command == ["torchrun", "train.py"] and args == ["--lr=0.1", "--epochs=3", "/data"]
 
 
 def test_a_json_list_keeps_commas_inside_items(capsys):
