@@ -117,8 +117,9 @@ bench: setup cluster-build
 test: host-packages browser
 	$(MAKE) -j2 cluster-build test-prerequisites
 
-# Two pytest sessions side by side (hack/pytest_groups.py): the integration tests, which mostly wait
-# on the control plane, beside the unit and local tests, which keep the CPUs busy.
+# Three pytest sessions side by side (hack/pytest_groups.py): the integration tests, which mostly wait
+# on the control plane; the tests that run clusters of their own; the unit and local tests, which keep
+# the CPUs busy.
 test-prerequisites: setup lint test-images
 	$(PY) hack/pytest_groups.py
 

@@ -1,16 +1,17 @@
-"""Runs the test suite as two pytest sessions side by side, and fails if either fails.
+"""Runs the test suite as three pytest sessions side by side, and fails if any fails.
 
 The integration tests spend most of their time waiting on the control plane (controllers'
 resyncs, pods' back-offs, Kueue's admission); the unit and local tests keep the CPUs busy
 (torch training). Run one after the other they left the two cores half idle (`make test`
 used 0.55 of a core on average); side by side the suite takes about as long as its longer half.
-The groups share nothing: the local tests need no cluster, and only the integration session
-starts one (and the real node, one per machine).
+The groups share nothing: the local tests need no cluster, the integration session starts
+one (and the real node, one per machine), and the files that start clusters of their own (other
+Trainer releases, the oldest Kubernetes) run in a third session.
 
 Each session's lines are printed as they come, prefixed with the group's name; at the end,
 each group's summary line again, one after the other.
 
-    python hack/pytest_groups.py [pytest args for both sessions...]
+    python hack/pytest_groups.py [pytest args for every session...]
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SUMMARY = re.compile(r"\d+ (passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?)\b.* in [\d.]+s")
+# Test files that run clusters of their own (other Trainer releases, Kubernetes 1.32), without the
+# real node: a session of their own beside the one that runs the session cluster and the real node.
+OWN_CLUSTERS = ["tests/integration/test_trainer_versions.py", "tests/integration/test_k8s_v1_32.py"]
 GROUPS = {
-    "integration": ["tests/integration"],
+    "integration": ["tests/integration", *(f"--ignore={path}" for path in OWN_CLUSTERS)],
+    "own clusters": OWN_CLUSTERS,
     "unit+local": ["--doctest-modules", "kfp_trainer", "tests/unit", "tests/local"],
 }
 
