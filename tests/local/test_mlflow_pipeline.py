@@ -17,26 +17,15 @@ from pathlib import Path
 import pytest
 
 from kfp_trainer.tracking.registry import alias_version
-from tests.local.test_pipelines_local import IN_CI, artifact, chromium, png_pixels, run_pipeline
+from tests.local.test_pipelines_local import artifact, browse, png_pixels, run_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO / "docs" / "images" / "mlflow-run.png"
 
 
 def browse_url(url: str, tmp: Path, *mode: str) -> subprocess.CompletedProcess:
-    """Open ``url`` in headless Chromium (fresh profile) with ``mode`` flags; the MLflow UI is a React app: give it time."""
-    browser = chromium()
-    if browser is None:
-        if IN_CI:
-            pytest.fail("chromium is not installed: run `make browser` (apt-get install chromium)")
-        pytest.skip("chromium is not installed (make browser)")
-    profile = tmp / f"chromium-profile-{len(list(tmp.glob('chromium-profile-*')))}"
-    args = [
-        browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}", "--window-size=1400,1300",
-        "--virtual-time-budget=30000", *mode, url,
-    ]  # fmt: skip
-    return subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=tmp)
+    """Open ``url`` in headless Chromium; the MLflow UI is a React app: give it time."""
+    return browse(url, tmp, "--virtual-time-budget=30000", *mode, window="1400,1300", timeout=180)
 
 
 @pytest.mark.slow

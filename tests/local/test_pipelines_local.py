@@ -54,8 +54,8 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def browse(html: Path, tmp: Path, *mode: str) -> subprocess.CompletedProcess:
-    """Open ``html`` in headless Chromium (fresh profile, no network services) with ``mode`` flags."""
+def browse(page: Path | str, tmp: Path, *mode: str, window: str = "1000,1400", timeout: float = 120) -> subprocess.CompletedProcess:
+    """Open ``page`` (a file, or a URL) in headless Chromium (fresh profile, no network services) with ``mode`` flags."""
     browser = chromium()
     if browser is None:
         if IN_CI:
@@ -64,10 +64,10 @@ def browse(html: Path, tmp: Path, *mode: str) -> subprocess.CompletedProcess:
     profile = tmp / f"chromium-profile-{len(list(tmp.glob('chromium-profile-*')))}"
     args = [
         browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}", "--window-size=1000,1400",
-        *mode, html.resolve().as_uri(),
+        "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}", f"--window-size={window}",
+        *mode, page if isinstance(page, str) else page.resolve().as_uri(),
     ]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=tmp)
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=tmp)
 
 
 def png_pixels(path: Path) -> tuple[int, int, list[tuple[int, int, int]]]:
