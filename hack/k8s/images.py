@@ -260,24 +260,27 @@ def run_in(img: Image, argv: list[str], user: str | None = None, volumes: tuple[
 def prune(log: Callable[[str], None] = print) -> int:
     """Removes the images and exported blobs the current images do not use (older sources, changed recipes).
 
-    Keeps every step of the current builds (the layer cache) and the bases; returns how many images went.
+    Keeps every step of the current builds (the layer cache) and the bases, and exports the current
+    images (so the next import compresses nothing); returns how many images went.
     """
     keep: set[str] = set()
-    tags = []
+    current = []
     for name in IMAGES:
         result = build(name, log=lambda _msg: None)
         if result.made:  # a build names only the images of the steps it found in the cache: once more
             result = build(name, log=lambda _msg: None)
         keep |= result.cached | {result.image.id}
-        tags.append(result.image.tag)
+        current.append(result.image)
     with _locked():
+        for img in current:  # exported before the older tags go, so the layers they share stay compressed
+            ocilayout.push(buildah, img.id, layout_dir(), img.tag)
         keep |= set(imagebase.ensure(buildah, log).values())
         listed = json.loads(buildah("images", "--all", "--no-trunc", "--json").stdout or "[]")
         stale = [entry["id"].removeprefix("sha256:") for entry in listed
                  if not any(entry["id"].removeprefix("sha256:").startswith(k) for k in keep)]
         for image_id in stale:
             buildah("rmi", "--force", image_id, check=False)
-        blobs = ocilayout.prune(layout_dir(), tags)
+        blobs = ocilayout.prune(layout_dir(), [img.tag for img in current])
     log(f"removed {len(stale)} images and {blobs} exported blobs; kept {len(listed) - len(stale)} images")
     return len(stale)
 

@@ -1,20 +1,26 @@
-"""An image from buildah's storage into a containerd, through an OCI image layout on disk.
+"""An image from buildah's storage into a containerd, through an image layout directory on disk.
 
-``buildah push <id> oci:<dir>:<tag>`` writes the image's zstd-compressed layers (a third faster
-to write than gzip, and smaller; containerd 1.5+ unpacks them) into one OCI image layout
-directory shared by every image built here; a layer the directory holds already is not
-compressed again (buildah's blob cache knows its compressed digest), so after a source change
-only the small top layers are written. :func:`import_image` then streams an image-layout
-tar of one image into ``ctr images import -``, naming it for containerd, and leaves out the
-layers that containerd's content store has: after a source change only the changed layers
-travel. :func:`prune` drops the tags and blobs of images that are no longer built.
+``buildah push <id> oci:<dir>:<tag>`` writes the image's zstd-compressed layers (smaller and a
+third faster to write than gzip; containerd 1.5+ unpacks them) into one layout directory shared
+by every image built here. Reading a layer out of the storage is what a push spends its time on
+(~45 s for the trainer image's 6.7 GB), and buildah 1.28 reuses a layer only when the directory
+has a blob named by the digest it asks for, its uncompressed one. So after each push every
+compressed layer is also named by its uncompressed digest (a symbolic link, recorded with the
+compressed blob's descriptor in ``kfp-trainer-layers.json``): the next push of an image with that
+layer finds it and writes only the layers that changed. Such a manifest names a layer by its
+uncompressed digest; :func:`resolved_manifest` puts the compressed blob back in its place, so
+the directory is this module's export cache, read through it.
+
+:func:`import_image` streams an image-layout tar of one image into ``ctr images import -``, named
+for containerd, without the blobs containerd's content store has: after a source change only the
+changed layers travel. :func:`prune` drops the tags and blobs of images that are no longer built.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
-import shutil
 import subprocess
 import tarfile
 from collections.abc import Callable, Iterable
@@ -23,6 +29,7 @@ from typing import BinaryIO
 
 REF_NAME = "org.opencontainers.image.ref.name"
 CONTAINERD_NAME = "io.containerd.image.name"
+ALIASES = "kfp-trainer-layers.json"  # uncompressed digest -> descriptor of the compressed blob
 
 Buildah = Callable[..., subprocess.CompletedProcess]
 
@@ -38,12 +45,24 @@ def push(buildah: Buildah, image_id: str, layout: Path, tag: str) -> str:
     digest = manifest_digest(layout, tag)
     if digest is None:
         raise ImageImportError(f"buildah push wrote no manifest tagged {tag} into {layout}")
+    _alias_layers(layout, digest)
     return digest
 
 
 def _index(layout: Path) -> dict:
     path = layout / "index.json"
     return json.loads(path.read_text()) if path.exists() else {"schemaVersion": 2, "manifests": []}
+
+
+def _aliases(layout: Path) -> dict[str, dict]:
+    path = layout / ALIASES
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_json(path: Path, value: object) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
 
 
 def manifest_digest(layout: Path, tag: str) -> str | None:
@@ -59,16 +78,41 @@ def _blob(layout: Path, digest: str) -> Path:
     return layout / "blobs" / algorithm / hexdigest
 
 
-def write_tar(layout: Path, tag: str, ref: str, out: BinaryIO, skip: Iterable[str] = ()) -> None:
-    """Writes an image-layout tar of the image tagged ``tag``, named ``ref``, to the stream ``out``.
+def _alias_layers(layout: Path, digest: str) -> None:
+    """Names each compressed layer of the manifest ``digest`` also by its uncompressed digest."""
+    manifest = json.loads(_blob(layout, digest).read_bytes())
+    diff_ids = json.loads(_blob(layout, manifest["config"]["digest"]).read_bytes())["rootfs"]["diff_ids"]
+    aliases = _aliases(layout)
+    for descriptor, diff_id in zip(manifest["layers"], diff_ids, strict=True):
+        if descriptor["digest"] == diff_id:
+            continue  # reused under its alias already (or never compressed)
+        aliases[diff_id] = {key: descriptor[key] for key in ("mediaType", "digest", "size")}
+        link = _blob(layout, diff_id)
+        if not link.is_symlink():
+            link.unlink(missing_ok=True)
+            link.symlink_to(_blob(layout, descriptor["digest"]).name)
+    _write_json(layout / ALIASES, aliases)
 
-    Layers whose digest is in ``skip`` are left out (the containerd reading it has them).
-    """
+
+def resolved_manifest(layout: Path, tag: str) -> bytes:
+    """The manifest tagged ``tag``, each layer named by the blob that holds it (its compressed one)."""
     digest = manifest_digest(layout, tag)
     if digest is None:
         raise ImageImportError(f"no image tagged {tag} in {layout}")
-    manifest_bytes = _blob(layout, digest).read_bytes()
+    manifest = json.loads(_blob(layout, digest).read_bytes())
+    aliases = _aliases(layout)
+    manifest["layers"] = [aliases.get(layer["digest"], layer) for layer in manifest["layers"]]
+    return json.dumps(manifest, separators=(",", ":")).encode()
+
+
+def write_tar(layout: Path, tag: str, ref: str, out: BinaryIO, skip: Iterable[str] = ()) -> None:
+    """Writes an image-layout tar of the image tagged ``tag``, named ``ref``, to the stream ``out``.
+
+    Blobs whose digest is in ``skip`` are left out (the containerd reading it has them).
+    """
+    manifest_bytes = resolved_manifest(layout, tag)
     manifest = json.loads(manifest_bytes)
+    digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
     index = {"schemaVersion": 2, "manifests": [{
         "mediaType": manifest.get("mediaType", "application/vnd.oci.image.manifest.v1+json"), "digest": digest,
         "size": len(manifest_bytes), "annotations": {REF_NAME: ref, CONTAINERD_NAME: ref},
@@ -77,7 +121,9 @@ def write_tar(layout: Path, tag: str, ref: str, out: BinaryIO, skip: Iterable[st
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
         _add_bytes(tar, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
         _add_bytes(tar, "index.json", json.dumps(index).encode())
-        for descriptor in [{"digest": digest}, manifest["config"], *manifest["layers"]]:
+        if digest not in skipped:
+            _add_bytes(tar, "blobs/" + digest.replace(":", "/"), manifest_bytes)
+        for descriptor in [manifest["config"], *manifest["layers"]]:
             if descriptor["digest"] in skipped:
                 continue
             path = _blob(layout, descriptor["digest"])
@@ -107,7 +153,7 @@ def present(ref: str, address: str) -> bool:
 
 
 def import_image(layout: Path, tag: str, ref: str, address: str) -> None:
-    """Streams the image tagged ``tag`` into containerd at ``address`` as ``ref``, without the layers it has."""
+    """Streams the image tagged ``tag`` into containerd at ``address`` as ``ref``, without the blobs it has."""
     listed = ctr(address, "content", "ls", "-q", timeout=60)
     have = frozenset(listed.stdout.split()) if listed.returncode == 0 else frozenset()
     proc = subprocess.Popen(["ctr", "--address", address, "-n", "k8s.io", "images", "import", "-"],
@@ -143,25 +189,26 @@ def remove_older(ref: str, address: str) -> list[str]:
 
 
 def prune(layout: Path, keep_tags: Iterable[str]) -> int:
-    """Drops the layout's other tags and every blob no kept manifest uses; returns how many blobs went."""
+    """Drops the layout's other tags and every blob and alias no kept image uses; returns how many blobs went."""
     if not (layout / "index.json").exists():
         return 0
     keep = set(keep_tags)
     index = _index(layout)
     index["manifests"] = [m for m in index["manifests"] if (m.get("annotations") or {}).get(REF_NAME) in keep]
+    aliases = _aliases(layout)
     used = set()
     for entry in index["manifests"]:
         manifest = json.loads(_blob(layout, entry["digest"]).read_bytes())
-        used |= {entry["digest"], manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])}
-    tmp = layout / "index.json.tmp"
-    tmp.write_text(json.dumps(index))
-    tmp.replace(layout / "index.json")
+        used |= {entry["digest"], manifest["config"]["digest"]}
+        for layer in manifest["layers"]:
+            used |= {layer["digest"], aliases[layer["digest"]]["digest"]} if layer["digest"] in aliases else {layer["digest"]}
+    # the aliases of the layers kept: their uncompressed digests are what the next push asks for
+    used |= {alias for alias, descriptor in aliases.items() if descriptor["digest"] in used}
+    _write_json(layout / "index.json", index)
+    _write_json(layout / ALIASES, {alias: d for alias, d in aliases.items() if alias in used})
     removed = 0
     for path in sorted((layout / "blobs").glob("*/*")):
         if f"{path.parent.name}:{path.name}" not in used:
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+            path.unlink()
             removed += 1
     return removed

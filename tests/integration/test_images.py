@@ -140,3 +140,24 @@ def test_the_component_image_imports_into_containerd_once_with_every_layer_unpac
     ocilayout.import_image(images.layout_dir(), image.tag, "kfp-trainer.local/again:1", containerd)
     check = ocilayout.ctr(containerd, "images", "check", "name==kfp-trainer.local/again:1").stdout
     assert "complete" in check.splitlines()[1] and check.split()[-1] == "true", check
+
+
+def test_an_export_of_layers_exported_before_reuses_them_instead_of_reading_them_out_again(component):
+    layout = images.layout_dir()
+    ocilayout.push(images.buildah, component.image.id, layout, component.image.tag)
+    files = {p.name for p in (layout / "blobs" / "sha256").iterdir() if not p.is_symlink()}
+    digest = ocilayout.push(images.buildah, component.image.id, layout, "reuse-check")
+    try:
+        manifest = json.loads((layout / "blobs" / digest.replace(":", "/")).read_bytes())
+        diff_ids = json.loads((layout / "blobs" / manifest["config"]["digest"].replace(":", "/")).read_bytes())["rootfs"]["diff_ids"]
+        # buildah found every layer under its uncompressed digest (the alias) and wrote none again
+        assert [layer["digest"] for layer in manifest["layers"]] == diff_ids
+        assert {p.name for p in (layout / "blobs" / "sha256").iterdir() if not p.is_symlink()} - files <= {digest.split(":")[1]}
+        resolved = json.loads(ocilayout.resolved_manifest(layout, "reuse-check"))
+        assert resolved["layers"] == json.loads(ocilayout.resolved_manifest(layout, component.image.tag))["layers"]
+    finally:
+        ocilayout.prune(layout, [t for t in _tags(layout) if t != "reuse-check"])
+
+
+def _tags(layout: Path) -> list[str]:
+    return [m["annotations"][ocilayout.REF_NAME] for m in json.loads((layout / "index.json").read_text())["manifests"]]
