@@ -116,6 +116,7 @@ class Result:
     made: int
     reused: int
     cached: frozenset[str]
+    downloaded: int = 0  # bytes the PyPI mirror fetched for this build
 
 
 def names(which: str) -> list[str]:
@@ -168,11 +169,12 @@ def build(name: str, build_args: dict[str, str] | None = None, log: Callable[[st
                     *[a for key, value in build_args.items() for a in ("--build-arg", f"{key}={value}")], str(REPO)]
             output = _run_build(args, log)
             image_id = iidfile.read_text().strip().removeprefix("sha256:")
+            downloaded = mirror.downloaded
         buildah("tag", image_id, f"{repository}:{image_id[:12]}")
     steps = sum(1 for line in output if _STEP.match(line))
     cached = frozenset(m.group(1) for m in map(_CACHED.match, output) if m)
     image = Image(name, repository, image_id, _size(image_id))
-    return Result(image, time.monotonic() - started, steps - len(cached), len(cached), cached)
+    return Result(image, time.monotonic() - started, steps - len(cached), len(cached), cached, downloaded)
 
 
 def _run_build(args: list[str], log: Callable[[str], None]) -> list[str]:
@@ -183,8 +185,8 @@ def _run_build(args: list[str], log: Callable[[str], None]) -> list[str]:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
-            if "STEP " in line or line.startswith("--> Using cache"):
-                log(line.rstrip("\n"))
+            if _STEP.match(line):
+                log(line.rstrip("\n")[:160])
     if proc.returncode != 0:
         raise BuildError(f"buildah build of {args[args.index('--file') + 1]} failed ({proc.returncode}):\n"
                          + "\n".join(lines[-60:]))
@@ -311,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names(args.which):
             result = build(name, build_args)
             print(f"{result.image.ref}  {result.seconds:.1f} s  {result.image.size / 1e6:.0f} MB  "
-                  f"{result.made} steps run, {result.reused} from the cache", flush=True)
+                  f"{result.made} steps run, {result.reused} from the cache, {result.downloaded / 1e6:.0f} MB downloaded", flush=True)
     elif args.command == "import":
         for name in names(args.which):
             started = time.monotonic()
