@@ -64,11 +64,11 @@ endif
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
-# debootstrap, which makes the python:3.11-slim base of the images built without a registry (Debian/Ubuntu, as root).
+# buildah and debootstrap, which build the images without a registry (Debian/Ubuntu, as root).
 debootstrap: host-packages
 
-# Both images built on this machine from deploy/Dockerfile.* without a registry or container engine
-# (hack/k8s/images.py; layers cached in ~/.cache/kfp-trainer/images): what the real node's pods run.
+# Both images built on this machine by buildah from deploy/Dockerfile.*, with a debootstrap base and
+# no registry (hack/k8s/images.py; layers cached in ~/.cache/kfp-trainer/images): what the real node's pods run.
 test-images: setup debootstrap
 	$(PY) hack/k8s/images.py build all
 	$(PY) hack/k8s/images.py prune

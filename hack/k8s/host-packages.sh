@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The host packages the test cluster's real node needs (Debian/Ubuntu, as root):
 # containerd and runc (the container runtime), the CNI plugins (bridge, host-local,
-# loopback), iptables (the bridge plugin's dependency) and debootstrap (the base of the
-# images built here, hack/k8s/images.py). Installs only what is missing.
+# loopback), iptables (the bridge plugin's dependency), and for the images its pods run
+# (hack/k8s/images.py) buildah, which builds them, and debootstrap, which makes their base.
+# Installs only what is missing.
 #
 #   hack/k8s/host-packages.sh           # install what is missing
 #   hack/k8s/host-packages.sh --check   # exit 1 (and name them) when some are missing
@@ -15,6 +16,7 @@ declare -A PROBE=(
   [containernetworking-plugins]=/usr/lib/cni/bridge
   [iptables]=/usr/sbin/iptables
   [debootstrap]=/usr/sbin/debootstrap
+  [buildah]=/usr/bin/buildah
 )
 missing=()
 for p in "${!PROBE[@]}"; do

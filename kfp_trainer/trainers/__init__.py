@@ -1,6 +1,7 @@
 """Training programs that run inside TrainJobs (or locally under ``torchrun``).
 
-* :mod:`kfp_trainer.trainers.builtin`: offline ``builtin://`` datasets and models.
+* :mod:`kfp_trainer.trainers.builtin`: offline ``builtin://`` datasets and models
+  (:mod:`kfp_trainer.trainers.prebuilt`: written ahead of time, for an image without torch).
 * :mod:`kfp_trainer.trainers.sft`: supervised fine-tuning of a causal LM (DDP).
 * :mod:`kfp_trainer.trainers.trl_train`: SFT or DPO with Hugging Face TRL (LoRA, QLoRA, resume).
 * :mod:`kfp_trainer.trainers.evaluate`: loss, perplexity and exact match.

@@ -16,10 +16,15 @@ access, so pipelines can run end to end on a machine without internet:
   ``tiny-llama3.2-1b``, ``tiny-llama3.2-3b``: an instruct dataset and tiny models of
   the Trainer's torchtune runtimes' architectures (:mod:`kfp_trainer.llm.tiny_models`).
 
+The models are written with torch and transformers. An image without them (the component
+image) serves builtins written when it was built (:mod:`kfp_trainer.trainers.prebuilt`):
+:func:`materialize` copies them from ``$KFP_TRAINER_BUILTINS_DIR`` before it writes anything.
+
 Usage::
 
     python -m kfp_trainer.trainers.builtin --list
     python -m kfp_trainer.trainers.builtin builtin://datasets/addition /tmp/data
+    python -m kfp_trainer.trainers.builtin --prebuild /builtins builtin://models/tiny-char-lm
 
 Only the standard library is imported at module level.
 """
@@ -29,11 +34,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
+
+from kfp_trainer.trainers import prebuilt
 
 SCHEME = "builtin"
 
@@ -323,7 +331,7 @@ def parse_uri(uri: str) -> tuple[str, str]:
 
 
 def materialize(uri: str, dest: str | Path) -> Path:
-    """Writes a builtin dataset or model into a directory.
+    """Writes a builtin dataset or model into a directory (a copy of its prebuilt files where there are any).
 
     Args:
         uri: ``builtin://datasets/<name>`` or ``builtin://models/<name>``.
@@ -334,12 +342,31 @@ def materialize(uri: str, dest: str | Path) -> Path:
 
     Raises:
         ValueError: If the URI names no builtin; the message lists the available ones.
+        kfp_trainer.trainers.prebuilt.BuiltinUnavailableError: If it is not prebuilt here and its
+            writer needs a package this environment lacks; the message names the image to use.
     """
     kind, name = parse_uri(uri)
     path = Path(dest)
     path.mkdir(parents=True, exist_ok=True)
-    _REGISTRY[(kind, name)].writer(path)
+    source = prebuilt.find(kind, name)
+    if source is not None:
+        shutil.copytree(source, path, dirs_exist_ok=True)
+        return path
+    try:
+        _REGISTRY[(kind, name)].writer(path)
+    except ImportError as e:
+        raise prebuilt.unavailable(uri, e) from None
     return path
+
+
+def prebuild(directory: str | Path, uris: list[str]) -> dict[str, object]:
+    """Writes each builtin of ``uris`` under ``directory/<kind>/<name>``, and ``prebuilt.json``; returns the latter."""
+    root = Path(directory)
+    for uri in uris:
+        kind, name = parse_uri(uri)
+        materialize(uri, root / kind / name)
+    prebuilt.make_readable(root)
+    return prebuilt.write_info(root)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,13 +382,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("uri", nargs="?", help="builtin://datasets/<name> or builtin://models/<name>")
     parser.add_argument("dest", nargs="?", help="directory to write to")
     parser.add_argument("--list", action="store_true", help="print the available builtins as JSON")
+    parser.add_argument("--prebuild", nargs="+", metavar=("DIR", "URI"),
+                        help=f"write each URI under DIR/<kind>/<name>, with DIR/{prebuilt.INFO} (for ${prebuilt.ENV})")
     args = parser.parse_args(argv)
     if args.list:
         print(json.dumps(list_builtin()))
         return 0
-    if not args.uri or not args.dest:
-        parser.error("URI and DEST are required (or --list)")
     try:
+        if args.prebuild:
+            if len(args.prebuild) < 2:
+                parser.error("--prebuild takes a directory and at least one URI")
+            print(json.dumps(prebuild(args.prebuild[0], args.prebuild[1:])))
+            return 0
+        if not args.uri or not args.dest:
+            parser.error("URI and DEST are required (or --list, --prebuild)")
         path = materialize(args.uri, args.dest)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

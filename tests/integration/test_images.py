@@ -1,14 +1,14 @@
-"""The images built on this machine (hack/k8s/images.py), for real: layers on overlayfs with
-whiteouts, Docker-like layer caching, the component and trainer images run chrooted on their
-layers as their non-root USER, and the component image imported into a containerd of its own.
-As root (mounts, chroot, device nodes); builds come from the cache that ``make test-images`` fills."""
+"""The images built on this machine by buildah (hack/k8s/images.py), for real: the release's
+Dockerfiles with the layer cache, the component and trainer images run as their non-root USER,
+the builtins the component image serves without torch, and the import into a containerd of its
+own. As root; builds come from the cache that ``make test-images`` fills (the real node's pods
+run these images in tests/integration/test_realpods_images.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -21,106 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack" / "k8s"))
 
 import images  # noqa: E402  (hack/k8s/images.py)
-from imagebuild import build, copying, layers, oci  # noqa: E402
+import ocilayout  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def tar_names(fs: Path) -> list[str]:
-    buf = io.BytesIO()
-    layers.write_tar(fs, buf)
-    return tarfile.open(fileobj=io.BytesIO(buf.getvalue())).getnames()
-
-
-def whiteout(path: Path) -> None:
-    os.mknod(path, 0o600 | 0o020000, os.makedev(0, 0))  # what overlayfs leaves for a deletion
-
-
-def test_a_layer_tar_turns_overlay_whiteouts_into_oci_whiteouts_and_is_the_same_every_time(tmp_path):
-    fs = tmp_path / "fs"
-    (fs / "etc").mkdir(parents=True)
-    (fs / "etc" / "new").write_text("x")
-    whiteout(fs / "etc" / "gone")
-    (fs / "opaque").mkdir()
-    os.setxattr(fs / "opaque", layers.OPAQUE_XATTR, b"y")
-    (fs / "opaque" / "only").write_text("y")
-    os.link(fs / "etc" / "new", fs / "etc" / "hard")
-    assert tar_names(fs) == ["etc", "etc/.wh.gone", "etc/hard", "etc/new", "opaque", "opaque/.wh..wh..opq", "opaque/only"]
-    members = {m.name: m for m in tarfile.open(fileobj=_tar_bytes(fs))}
-    assert members["etc/new"].islnk() and members["etc/new"].linkname == "etc/hard"
-    sink = layers.HashingSink()
-    layers.write_tar(fs, sink)
-    assert hashlib.sha256(_tar_bytes(fs).getvalue()).hexdigest() == sink.hash.hexdigest()
-
-
-def _tar_bytes(fs: Path) -> io.BytesIO:
-    buf = io.BytesIO()
-    layers.write_tar(fs, buf)
-    buf.seek(0)
-    return buf
-
-
-def test_the_merged_view_reads_layers_as_overlayfs_does(tmp_path):
-    low, mid, top = (tmp_path / n for n in ("low", "mid", "top"))
-    for d in (low / "a", low / "d", mid / "d", top):
-        d.mkdir(parents=True)
-    (low / "a" / "f").write_text("low")
-    (low / "a" / "g").write_text("low")
-    (low / "d" / "hidden").write_text("low")
-    os.setxattr(mid / "d", layers.OPAQUE_XATTR, b"y")
-    (mid / "d" / "seen").write_text("mid")
-    (top / "a").mkdir()
-    (top / "a" / "f").write_text("top")
-    whiteout(top / "a" / "g")
-    view = copying.MergedView([top, mid, low])
-    assert view.lookup("a/f").read_text() == "top"
-    assert view.lookup("a/g") is None and view.lookup("d/hidden") is None
-    assert sorted(view.listdir("a")) == ["f"] and sorted(view.listdir("d")) == ["seen"]
-
-
-def test_copy_keeps_the_metadata_of_existing_parent_directories(tmp_path):
-    lower, fs, ctx = tmp_path / "lower", tmp_path / "fs", tmp_path / "ctx"
-    (lower / "home" / "kfp").mkdir(parents=True)
-    os.chmod(lower / "home" / "kfp", 0o700)
-    os.chown(lower / "home" / "kfp", 1000, 0)
-    (ctx / "pkg").mkdir(parents=True)
-    (ctx / "pkg" / "m.py").write_text("x = 1\n")
-    fs.mkdir()
-    tree = copying.HostTree(ctx)
-    copying.copy_layer(fs, copying.MergedView([lower]), tree, ["pkg"], "/home/kfp/app/", (0, 0))
-    st = (fs / "home" / "kfp").stat()
-    assert (st.st_uid, oct(st.st_mode & 0o777)) == (1000, "0o700")
-    assert (fs / "home" / "kfp" / "app" / "m.py").read_text() == "x = 1\n"
-    with pytest.raises(copying.CopyError, match="COPY nope: not found"):
-        copying.expand_sources(tree, ("nope",), "Dockerfile:3")
-
-
-def test_layers_are_cached_like_docker_and_a_changed_source_rebuilds_only_from_its_copy(tmp_path):
-    ctx = tmp_path / "ctx"
-    ctx.mkdir()
-    (ctx / "data.txt").write_text(f"first {time.time()}\n")  # a key no earlier run made
-    (ctx / "Dockerfile").write_text(
-        "FROM python:3.11-slim\n"
-        "RUN rm /etc/hostname && mkdir -p /opt/app && echo base > /opt/app/base\n"
-        "COPY data.txt /opt/app/\n"
-        "RUN cat /opt/app/data.txt /opt/app/base > /opt/app/both && id -u > /opt/app/uid\n"
-        "USER 1000\n"
-        "RUN id -u > /tmp/uid-of-run || true\n"
-    )
-    store = layers.Store()
-    first = build.Builder(ctx, store, log=lambda _: None).build(ctx / "Dockerfile")
-    again = build.Builder(ctx, store, log=lambda _: None).build(ctx / "Dockerfile")
-    assert [layer.key for layer in again.layers] == [layer.key for layer in first.layers] and again.made == []
-    # the deletion of a base file is an OCI whiteout in the first RUN's layer
-    assert "etc/.wh.hostname" in tar_names(first.layers[1].path)
-    assert (first.layers[3].path / "opt" / "app" / "both").read_text().startswith("first")
-    assert not (first.layers[1].path / "etc" / "resolv.conf").exists()  # the build's DNS stays out of layers
-    second = f"second {time.time()}\n"
-    (ctx / "data.txt").write_text(second)
-    changed = build.Builder(ctx, store, log=lambda _: None).build(ctx / "Dockerfile")
-    assert changed.layers[1].key == first.layers[1].key  # before the COPY: from the cache
-    assert len(changed.made) == 3 and changed.reused == 1
-    assert (changed.layers[3].path / "opt" / "app" / "both").read_text() == second + "base\n"
 
 
 @pytest.fixture(scope="module")
@@ -136,15 +39,21 @@ def trainer():
 @pytest.mark.parametrize("name", sorted(images.IMAGES))
 def test_the_images_record_the_dockerfile_the_release_builds(name, component, trainer):
     image = {"component": component, "trainer": trainer}[name].image
-    labels = json.loads(image.config)["config"]["Labels"]
+    labels = images.config(image)["Labels"]
     dockerfile = images.IMAGES[name][0]
     assert labels[images.DOCKERFILE_LABEL] == dockerfile
     assert labels[images.DOCKERFILE_DIGEST_LABEL] == hashlib.sha256((REPO / dockerfile).read_bytes()).hexdigest()
     assert images.image_ref(name) == image.ref and image.ref.startswith(images.IMAGES[name][1] + ":")
 
 
+def test_a_build_with_nothing_changed_comes_whole_from_the_layer_cache(component):
+    again = images.build("component", log=lambda _: None)
+    assert again.image == component.image
+    assert again.made == 0 and again.reused > 10  # every step of the three stages
+
+
 def test_the_component_image_runs_the_components_as_uid_1000_without_torch(component):
-    config = json.loads(component.image.config)["config"]
+    config = images.config(component.image)
     assert (config["User"], config["WorkingDir"]) == ("1000", "/home/kfp")
     script = ("import os, importlib.util, kfp_trainer.components, kfp_trainer.steps; "
               "print(os.getuid(), os.getcwd(), importlib.util.find_spec('torch'))")
@@ -153,6 +62,26 @@ def test_the_component_image_runs_the_components_as_uid_1000_without_torch(compo
     assert done.stdout.split() == ["1000", "/home/kfp", "None"]
     cli = images.run_in(component.image, ["kfp-trainer", "render", "--runtime", "torch-distributed", "--run-id", "r1", "--task-name", "t"])
     assert cli.returncode == 0 and "kind: TrainJob" in cli.stdout, cli.stdout
+    # the pip configuration of the build (the mirror) stayed out of the image
+    pip = images.run_in(component.image, ["sh", "-c", "pip config list; test -e /etc/pip.conf || echo no pip.conf"])
+    assert "index-url" not in pip.stdout and pip.stdout.strip().endswith("no pip.conf"), pip.stdout
+
+
+def test_the_component_image_serves_the_samples_builtins_and_names_the_trainer_image_for_the_others(component, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    script = ("import json, sys; from kfp_trainer.storage import fetch; "
+              "print(json.dumps([fetch(u, '/out/' + u.rsplit('/', 1)[1], kind=k) for u, k in "
+              "[('builtin://models/tiny-char-lm', 'model'), ('builtin://datasets/instruct-sums', 'dataset')]]))")
+    done = images.run_in(component.image, ["python", "-c", script], volumes=(f"{out}:/out",))
+    assert done.returncode == 0, done.stdout
+    assert {p.name for p in (out / "tiny-char-lm").iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    assert (out / "instruct-sums" / "data" / "train.parquet").is_file()
+    missing = images.run_in(component.image, ["python", "-m", "kfp_trainer.trainers.builtin", "builtin://models/tiny-qwen2.5", "/tmp/q"])
+    assert missing.returncode == 2
+    assert "tiny-qwen2.5: writing it needs the package" in missing.stdout and "kfp-trainer-trainer" in missing.stdout, missing.stdout
+    assert "builtin://models/tiny-char-lm" in missing.stdout  # what it does serve
 
 
 def test_the_trainer_image_imports_torch_and_the_trainers_as_uid_1000(trainer):
@@ -180,7 +109,7 @@ def containerd(tmp_path):
         proc = subprocess.Popen(["containerd", "--config", str(tmp_path / "config.toml")], stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 30
-        while oci.ctr(str(sock), "version", capture_output=True).returncode != 0:
+        while ocilayout.ctr(str(sock), "version").returncode != 0:
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "containerd.log").read_text()[-2000:]
             time.sleep(0.2)
         yield str(sock)
@@ -192,23 +121,43 @@ def containerd(tmp_path):
 
 def test_the_component_image_imports_into_containerd_once_with_every_layer_unpacked(component, containerd):
     image = component.image
-    assert oci.import_image(image, containerd) is True
-    assert oci.import_image(image, containerd) is False  # that digest is there: skipped
-    listed = oci.ctr(containerd, "images", "ls", capture_output=True, text=True, check=True).stdout
-    assert image.ref in listed and image.manifest_digest in listed
-    # containerd checked every blob against its digest and unpacked the layers into snapshots
-    check = oci.ctr(containerd, "images", "check", f"name=={image.ref}", capture_output=True, text=True, check=True).stdout
+    assert images.import_into("component", containerd) == (image, True)
+    assert images.import_into("component", containerd) == (image, False)  # that name is there: skipped
+    check = ocilayout.ctr(containerd, "images", "check", f"name=={image.ref}").stdout
     (row,) = check.splitlines()[1:]
-    assert f"complete ({len(image.layers) + 1}/{len(image.layers) + 1})" in row and row.split()[-1] == "true", check
-    snapshots = oci.ctr(containerd, "snapshots", "ls", capture_output=True, text=True, check=True).stdout.splitlines()[1:]
-    assert len(snapshots) == len(image.layers)
-    # an image whose layers containerd has (a new build after a source change, here: one layer less)
-    # is imported without streaming them again
-    partial = oci.make_image("kfp-trainer.local/partial", list(image.layers[:-1]), env={}, user="0", workdir="/",
-                             cmd=None, entrypoint=None, labels={})
-    started = time.monotonic()
-    assert oci.import_image(partial, containerd) is True
-    assert time.monotonic() - started < 5  # 335 MB of layers would take longer to stream
-    check = oci.ctr(containerd, "images", "check", f"name=={partial.ref}", capture_output=True, text=True, check=True).stdout
+    manifest = json.loads((images.layout_dir() / "blobs" / ocilayout.manifest_digest(images.layout_dir(), image.tag).replace(":", "/"))
+                          .read_bytes())
+    layers = len(manifest["layers"])
+    # containerd checked every blob against its digest and unpacked the layers into snapshots
+    assert f"complete ({layers + 1}/{layers + 1})" in row and row.split()[-1] == "true", check
+    assert len(ocilayout.ctr(containerd, "snapshots", "ls").stdout.splitlines()[1:]) == layers
+    # a second import (a new name, as after a source change) streams none of the layers containerd has
+    have = ocilayout.ctr(containerd, "content", "ls", "-q").stdout.split()
+    stream = io.BytesIO()
+    ocilayout.write_tar(images.layout_dir(), image.tag, "kfp-trainer.local/again:1", stream, skip=have)
+    names = tarfile.open(fileobj=io.BytesIO(stream.getvalue())).getnames()
+    assert names == ["oci-layout", "index.json"], names  # the manifest, config and layers are all there
+    ocilayout.import_image(images.layout_dir(), image.tag, "kfp-trainer.local/again:1", containerd)
+    check = ocilayout.ctr(containerd, "images", "check", "name==kfp-trainer.local/again:1").stdout
     assert "complete" in check.splitlines()[1] and check.split()[-1] == "true", check
-    # (the real node's tests run these images in pods: tests/integration/test_realpods_images.py)
+
+
+def test_an_export_of_layers_exported_before_reuses_them_instead_of_reading_them_out_again(component):
+    layout = images.layout_dir()
+    ocilayout.push(images.buildah, component.image.id, layout, component.image.tag)
+    files = {p.name for p in (layout / "blobs" / "sha256").iterdir() if not p.is_symlink()}
+    digest = ocilayout.push(images.buildah, component.image.id, layout, "reuse-check")
+    try:
+        manifest = json.loads((layout / "blobs" / digest.replace(":", "/")).read_bytes())
+        diff_ids = json.loads((layout / "blobs" / manifest["config"]["digest"].replace(":", "/")).read_bytes())["rootfs"]["diff_ids"]
+        # buildah found every layer under its uncompressed digest (the alias) and wrote none again
+        assert [layer["digest"] for layer in manifest["layers"]] == diff_ids
+        assert {p.name for p in (layout / "blobs" / "sha256").iterdir() if not p.is_symlink()} - files <= {digest.split(":")[1]}
+        resolved = json.loads(ocilayout.resolved_manifest(layout, "reuse-check"))
+        assert resolved["layers"] == json.loads(ocilayout.resolved_manifest(layout, component.image.tag))["layers"]
+    finally:
+        ocilayout.prune(layout, [t for t in _tags(layout) if t != "reuse-check"])
+
+
+def _tags(layout: Path) -> list[str]:
+    return [m["annotations"][ocilayout.REF_NAME] for m in json.loads((layout / "index.json").read_text())["manifests"]]

@@ -1,7 +1,8 @@
-"""The project's images (built here from deploy/Dockerfile.*, hack/k8s/images.py) in real pods on
-the test cluster's real node: the ``train_job`` step itself runs in a pod of the component image
-with the pod's service account (bound only by deploy/rbac.yaml) and in-cluster configuration, and
-launches a TrainJob whose trainer pods run the trainer image on the same node."""
+"""The project's images (built here by buildah from deploy/Dockerfile.*, hack/k8s/images.py) in real
+pods on the test cluster's real node: the ``train_job`` step itself runs in a pod of the component
+image with the pod's service account (bound only by deploy/rbac.yaml) and in-cluster configuration,
+and launches a TrainJob whose trainer pods run the trainer image on the same node; the initializer
+steps serve the samples' builtin model and data sets from the component image, which has no torch."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def component_container(name: str) -> dict:
 
 def executor_input(params: dict, outputs: list[str], parameters: list[str], root: str = "/tmp/kfp-outputs") -> str:
     """What KFP's launcher gives the step's container: parameters and where to write its outputs."""
-    types = {"output_model": "system.Model", "metrics": "system.Metrics", "report": "system.HTML"}
+    types = {"output_model": "system.Model", "metrics": "system.Metrics", "report": "system.HTML", "model": "system.Model",
+             "dataset": "system.Dataset"}
     return json.dumps({
         "inputs": {"parameterValues": params},
         "outputs": {
@@ -71,12 +73,14 @@ def executor_input(params: dict, outputs: list[str], parameters: list[str], root
 
 
 def run_step_pod(cluster, core, namespace: str, name: str, image: str, container: dict, params: dict, account: str,
-                 timeout: float = 420) -> str:
+                 timeout: float = 420, outputs: tuple[str, ...] = ("output_model", "metrics", "report"),
+                 parameters: tuple[str, ...] = ("trainjob",), host_outputs: Path | None = None) -> str:
     """Runs a compiled step (``container``: command and args) in a pod of ``image`` on the real node, as KFP
-    would: the executor input in its args, the service account's token, in-cluster configuration. Its log."""
+    would: the executor input in its args, the service account's token, in-cluster configuration. Its log.
+
+    ``host_outputs``: a directory of this machine mounted where the step writes its outputs."""
     server = urlparse(cluster.api_client().configuration.host)
-    outputs = ["output_model", "metrics", "report"]
-    args = [a.replace("{{$}}", executor_input(params, outputs, ["trainjob"])) for a in container["args"]]
+    args = [a.replace("{{$}}", executor_input(params, list(outputs), list(parameters))) for a in container["args"]]
     pod = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": on_real_node({
@@ -92,6 +96,9 @@ def run_step_pod(cluster, core, namespace: str, name: str, image: str, container
             }],
         }),
     }
+    if host_outputs is not None:
+        pod["spec"]["volumes"] = [{"name": "outputs", "hostPath": {"path": str(host_outputs), "type": "Directory"}}]
+        pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "outputs", "mountPath": "/tmp/kfp-outputs"}]
     core.create_namespaced_pod(namespace, pod)
     try:
         done = wait_phase(core, namespace, name, timeout=timeout)
@@ -173,3 +180,36 @@ def test_a_trainjob_component_function_runs_in_real_trainer_pods(cluster, api_cl
     log = run_step_pod(cluster, core, namespace, "fit-step", image_refs["component"], executor["container"], params, launcher_account)
     assert '{"epoch": 2, "loss": 0.3333333333333333}' in log and "function ran 1000 2." in log, log[-3000:]
     assert len(trainer_pod_events(core, namespace, image_refs["trainer"])) == 1
+
+
+def test_the_initializer_steps_serve_the_samples_builtins_from_the_component_image_as_local_mode_writes_them(
+    cluster, api_client, namespace, real_node, image_refs, launcher_account, tmp_path
+):
+    from safetensors.numpy import load_file
+
+    from kfp_trainer.data.files import read_rows
+    from kfp_trainer.trainers import builtin
+
+    core = client.CoreV1Api(api_client)
+    served = {}
+    for step, output, uri in (("model_initializer", "model", "builtin://models/tiny-char-lm"),
+                              ("dataset_initializer", "dataset", "builtin://datasets/instruct-sums")):
+        outputs = tmp_path / step
+        outputs.mkdir(mode=0o777)
+        outputs.chmod(0o777)  # the step runs as UID 1000
+        log = run_step_pod(cluster, core, namespace, step.replace("_", "-"), image_refs["component"], component_container(step),
+                           {"uri": uri}, launcher_account, timeout=180, outputs=(output,), parameters=(), host_outputs=outputs)
+        assert "fetched" in log, log
+        (artifact,) = json.loads((outputs / "executor_output.json").read_text())["artifacts"][output]["artifacts"]
+        assert artifact["metadata"]["source_uri"] == uri
+        served[uri] = outputs / output
+    # the same files local mode writes (this machine's torch and transformers are the versions the image's build used)
+    local = {uri: builtin.materialize(uri, tmp_path / "local" / uri.rsplit("/", 1)[1]) for uri in served}
+    model, local_model = served["builtin://models/tiny-char-lm"], local["builtin://models/tiny-char-lm"]
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert json.loads((model / name).read_text()) == json.loads((local_model / name).read_text()), name
+    weights, local_weights = load_file(model / "model.safetensors"), load_file(local_model / "model.safetensors")
+    assert weights.keys() == local_weights.keys() and all((weights[k] == local_weights[k]).all() for k in weights)
+    data, local_data = served["builtin://datasets/instruct-sums"], local["builtin://datasets/instruct-sums"]
+    assert read_rows(data / "data" / "train.parquet") == read_rows(local_data / "data" / "train.parquet")
+    assert (data / "test.jsonl").read_text() == (local_data / "test.jsonl").read_text()

@@ -6,8 +6,8 @@ torch's wheels (about 3 GB with the CUDA libraries) would be downloaded at every
 This mirror serves ``/simple/<project>/`` from pypi.org with the file links pointed at itself
 and ``/files/<path>`` from a directory of this machine, filling it from files.pythonhosted.org
 the first time (streamed to pip while it is written). Index pages are kept too, so a build
-whose files are all here works offline. RUN instructions see it through ``PIP_INDEX_URL``
-only while the image is built; nothing of it ends up in an image.
+whose files are all here works offline. A build sees it through a pip configuration given as a
+build secret (hack/k8s/images.py), only while the image is built; nothing of it ends up in an image.
 """
 
 from __future__ import annotations
