@@ -42,7 +42,8 @@ lint-workflows: $(ACTIONLINT)
 
 # Both images under your registry: make images REGISTRY=ghcr.io/me [VERSION=x.y.z] [PUSH=1] [CONTAINER_TOOL=podman]
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-CONTAINER_TOOL ?= $(firstword $(foreach t,docker podman buildah,$(if $(shell command -v $(t) 2>/dev/null),$(t))))
+# docker only when its engine answers (a docker client without an engine is common: buildah then builds).
+CONTAINER_TOOL ?= $(firstword $(if $(shell docker info >/dev/null 2>&1 && echo ok),docker) $(foreach t,podman buildah,$(if $(shell command -v $(t) 2>/dev/null),$(t))))
 ifneq ($(filter images,$(MAKECMDGOALS)),)
 ifeq ($(strip $(REGISTRY)),)
 $(error make images needs REGISTRY=<registry>/<namespace>, e.g. make images REGISTRY=ghcr.io/me)

@@ -64,7 +64,8 @@ def test_dockerfile_builds_a_wheel_then_a_pinned_non_root_image(path):
     kinds = [c.cmd.upper() for stage in parts for c in stage]
     assert "ADD" not in kinds, f"{path.name}: COPY, not ADD"
     copied_from = {("--from=build",): {("/src/requirements.txt", "/tmp/requirements.txt"), ("/wheels", "/wheels"),
-                                       ("/src/requirements-local.txt", "/tmp/requirements.txt")},
+                                       ("/src/requirements-local.txt", "/tmp/requirements.txt"),
+                                       ("/src/constraints.txt", "/tmp/constraints.txt")},
                    ("--from=builtins",): {("/builtins", "/opt/kfp-trainer/builtins")}}
     for c in (c for stage in parts for c in stage if c.cmd.upper() == "COPY"):
         if any(f.startswith("--from=") for f in c.flags):
@@ -133,7 +134,7 @@ def test_component_image_recipe_installs_the_wheel_in_a_clean_virtualenv_without
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
     # stage 1, as written (the dependency lists, pip wheel ... --wheel-dir /wheels .), in a copy of the sources
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "constraints.txt"):
         shutil.copy(REPO / name, src / name)
     shutil.copytree(REPO / "kfp_trainer", src / "kfp_trainer", ignore=shutil.ignore_patterns("__pycache__"))
     for c in build[1:]:
@@ -155,6 +156,7 @@ def test_component_image_recipe_installs_the_wheel_in_a_clean_virtualenv_without
             continue  # changes this machine's users / the scratch folder: the image's business
         # --no-cache-dir keeps the image small; here the machine's pip cache may serve the same files
         command = (step.replace("/wheels/kfp_trainer-*.whl", str(wheel)).replace("/tmp/requirements.txt", str(src / "requirements.txt"))
+                   .replace("/tmp/constraints.txt", str(src / "constraints.txt"))
                    .replace("${EXTRAS}", extras).replace(" --no-cache-dir", "").replace("/tmp/served", str(tmp_path / "served")))
         done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
