@@ -29,7 +29,7 @@ from .kube.job import KubeJob
 from .kube.lifecycle import Lifecycle, leftovers_message
 
 if TYPE_CHECKING:
-    from .kube.rest import Client as ApiClient
+    from .kube.client import Client as ApiClient
 
 __all__ = ["KubernetesBackend", "load_api_client"]
 

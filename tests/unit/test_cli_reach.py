@@ -260,10 +260,9 @@ def test_credentials_the_api_server_refuses_are_one_line_and_exit_2(tmp_path, st
     assert asked and all("/namespaces/team/" in path for path in asked), Refusing.seen
 
 
-def test_the_check_adds_no_request_and_the_first_request_reuses_its_connection(tmp_path):
-    from kfp_trainer.backends.kube.api import request
-
+def test_the_check_is_one_version_request_whose_connection_the_next_requests_reuse(tmp_path):
     counted = {"connections": 0, "requests": 0}
+    paths: list[str] = []
 
     class Counting(http.server.ThreadingHTTPServer):
         def get_request(self):
@@ -275,6 +274,7 @@ def test_the_check_adds_no_request_and_the_first_request_reuses_its_connection(t
 
         def do_GET(self) -> None:  # noqa: N802
             counted["requests"] += 1
+            paths.append(self.path)
             body = b'{"major": "1", "minor": "36", "gitVersion": "v1.36.0"}'
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -292,10 +292,10 @@ def test_the_check_adds_no_request_and_the_first_request_reuses_its_connection(t
         deadline = time.monotonic() + 5
         while counted["connections"] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert counted == {"connections": 1, "requests": 0}
-        assert request(api, "/version", [], timeout=5)["gitVersion"] == "v1.36.0"
-        assert request(api, "/version", [], timeout=5)["minor"] == "36"
-        assert counted == {"connections": 1, "requests": 2}
+        assert counted == {"connections": 1, "requests": 1} and paths == ["/version"]
+        assert api.request("GET", "/apis", timeout=5)["gitVersion"] == "v1.36.0"
+        assert api.request("GET", "/api", timeout=5)["minor"] == "36"
+        assert counted == {"connections": 1, "requests": 3}
     finally:
         server.shutdown()
         server.server_close()

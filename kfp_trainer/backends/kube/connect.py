@@ -1,13 +1,14 @@
-"""Reaching the API server from the command line: the kubeconfig, then one connection, each failure one line.
+"""Reaching the API server from the command line: the credentials, then one request, each failure one line.
 
 The launcher retries transient API errors patiently (an API server that restarts mid-run is
 routine). A command typed at a terminal must not: when the cluster cannot be reached at all it
-should say so in seconds. :func:`connect` loads the client configuration and opens one
-connection to the API server -- DNS, TCP and the TLS handshake, no HTTP request -- and hands
-that connection to the client's pool, where the first request reuses it: no request is added
-and nothing is retried. Each failure is one :class:`~kfp_trainer.errors.ClusterUnreachableError`
-(exit code 3) or, for a kubeconfig that cannot be used, one
-:class:`~kfp_trainer.errors.UserError` (exit code 2), naming the server and what to check.
+should say so in seconds. :func:`connect` reads the credentials and asks the API server for its
+version (``GET /version``) once, with a short timeout and no retry; the connection it opened
+stays in the client's pool for the requests that follow. Any answer means the server is
+reachable (a refusal of the credentials is the later requests' to report). Each failure is one
+:class:`~kfp_trainer.errors.ClusterUnreachableError` (exit code 3) or, for credentials that
+cannot be used, one :class:`~kfp_trainer.errors.UserError` (exit code 2), naming the server and
+what to check.
 
 Example:
     >>> api = connect("~/.kube/config")   # doctest: +SKIP
@@ -25,68 +26,44 @@ import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ...errors import ClusterUnreachableError, KfpTrainerError, UserError
-from .kubeconfig import context_namespace, load_settings
-from .rest import Client
+from ...errors import ClusterUnreachableError, CredentialsError, UserError
+from .apierrors import APIError, TransportError
+from .client import Client
+from .credentials import context_namespace, in_cluster, kubeconfig_files
+from .credentials import from_kubeconfig as kubeconfig_credentials
 
 CONNECT_TIMEOUT = 10.0
 _LOCAL_HINT = "(`--local` runs on this machine without a cluster)"
 
-
-def kubeconfig_files(kubeconfig: str | None = None) -> list[Path]:
-    """The kubeconfig files the client would read: ``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``."""
-    if kubeconfig:
-        return [Path(kubeconfig).expanduser()]
-    listed = [Path(p).expanduser() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-    return listed or [Path("~/.kube/config").expanduser()]
+__all__ = ["connect", "kubeconfig_files", "kubeconfig_namespace", "load_client", "open_connection", "why_unreachable"]
 
 
 def load_client(kubeconfig: str | None = None, *, hint: str = _LOCAL_HINT) -> tuple[Client, str]:
-    """An API client (the pod's service account, else a kubeconfig) and where its settings came from.
+    """An API client (the pod's service account, else a kubeconfig) and where its credentials came from.
 
     ``hint`` ends the no-cluster message: how to do without one, in the flags of the command
     that asked (``""``: no way without one).
 
     Raises:
         UserError: ``--kubeconfig`` names a file that does not exist, or a kubeconfig that cannot be used.
-        ClusterUnreachableError: No cluster is configured at all.
+        ClusterUnreachableError: No cluster is configured at all, or the pod's service account cannot be used.
     """
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
-            settings = load_settings()
-        except Exception as e:
-            if not _config_error(e):
-                raise
+            credentials = in_cluster()
+        except CredentialsError as e:
             raise ClusterUnreachableError(f"cannot use this pod's service account to reach the cluster: {e}") from None
-        return Client(settings), "the pod's service account"
+        return Client(credentials), credentials.source
     files = kubeconfig_files(kubeconfig)
     if kubeconfig and not files[0].is_file():
         raise UserError(f"--kubeconfig {kubeconfig}: no such file")
-    present = [p for p in files if p.is_file()]
-    if not present:
+    if not any(p.is_file() for p in files):
         where = "$KUBECONFIG (" + os.environ["KUBECONFIG"] + ")" if os.environ.get("KUBECONFIG") else "~/.kube/config"
         raise ClusterUnreachableError(
             f"no cluster configured: no kubeconfig at {where}; give --kubeconfig PATH or set KUBECONFIG" + (f" {hint}" if hint else "")
         )
-    source = f"kubeconfig {os.pathsep.join(str(p) for p in present)}"
-    import yaml
-
-    try:
-        settings = load_settings(kubeconfig)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise UserError(f"{source}: not valid YAML{where}") from None
-    except Exception as e:
-        if not _config_error(e):
-            raise
-        raise UserError(f"{source}: cannot be used: {_one_line(str(e) or type(e).__name__)}") from None
-    return Client(settings), source
-
-
-def _config_error(e: Exception) -> bool:
-    """A configuration that cannot be used: the client library's ConfigException (its loader read it), or a file error."""
-    return type(e).__name__ == "ConfigException" or isinstance(e, (OSError, ValueError, TypeError, KeyError))
+    credentials = kubeconfig_credentials(kubeconfig)  # a CredentialsError (a UserError) says what is wrong, in one line
+    return Client(credentials), credentials.source
 
 
 def kubeconfig_namespace(kubeconfig: str | None) -> str | None:
@@ -101,12 +78,12 @@ def kubeconfig_namespace(kubeconfig: str | None) -> str | None:
 
 
 def connect(kubeconfig: str | None = None, *, timeout: float = CONNECT_TIMEOUT, hint: str = _LOCAL_HINT) -> Client:
-    """An API client whose first connection to the API server is already open.
+    """An API client whose API server has answered once (its connection kept for the next requests).
 
     ``hint``: see :func:`load_client`.
 
     Raises:
-        UserError: A kubeconfig that cannot be used.
+        UserError: Credentials that cannot be used.
         ClusterUnreachableError: No cluster configured, or its API server cannot be reached within ``timeout``.
     """
     api, source = load_client(kubeconfig, hint=hint)
@@ -115,29 +92,20 @@ def connect(kubeconfig: str | None = None, *, timeout: float = CONNECT_TIMEOUT, 
 
 
 def open_connection(api: Client, *, source: str, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Open one connection (DNS, TCP, TLS) to the API server and leave it in the client's pool for the first request.
+    """Ask the API server for its version once (DNS, TCP, TLS and one request); its connection stays in the pool.
 
     Raises:
         ClusterUnreachableError: What failed, in one line.
     """
-    host = api.configuration.host
+    host = api.host
     try:
-        pool = api.rest_client.pool_manager.connection_from_url(host)
-        conn = pool._get_conn()  # a fresh or idle connection of the pool the first request will use
-    except KfpTrainerError:  # a cancel (stop signal) stays a cancel
-        raise
-    except Exception as e:  # noqa: BLE001 -- an address urllib3 cannot even parse
-        raise ClusterUnreachableError(f"cannot reach the API server {host!r} ({source}): {_one_line(str(e))}") from None
-    conn.timeout = timeout
-    try:
-        conn.connect()
-    except BaseException as e:
-        conn.close()
-        pool._put_conn(None)  # the pool's free slot goes back
-        if isinstance(e, KfpTrainerError) or not isinstance(e, Exception):
-            raise  # a cancel, KeyboardInterrupt, SystemExit
+        api.request("GET", "/version", timeout=(timeout, timeout))
+    except APIError:
+        return  # it answered: reachable (what it thinks of the credentials, the next requests say)
+    except TransportError as e:
         raise ClusterUnreachableError(f"cannot reach the API server {host} ({source}): {why_unreachable(e, host, timeout)}") from None
-    pool._put_conn(conn)
+    except ValueError as e:  # an address urllib3 cannot even parse
+        raise ClusterUnreachableError(f"cannot reach the API server {host!r} ({source}): {_one_line(str(e))}") from None
 
 
 def why_unreachable(error: BaseException, host: str, timeout: float) -> str:
