@@ -19,6 +19,7 @@ import time
 import pytest
 import testcluster
 from helpers import wait_for
+from kfp_trainer.backends.kube.rest import ApiException
 from kubernetes import client
 
 # The 1.36 tests run here again (pytest collects what this module imports).
@@ -41,7 +42,6 @@ from testcluster import PodScript
 from testcluster.binaries import OLD_KUBE_VERSION
 
 from kfp_trainer.backends.kube.api import request
-from kfp_trainer.backends.kube.rest import ApiException
 from kfp_trainer.backends.kube.watch import INITIAL_EVENTS, list_counts, streaming_lists_refused, watch
 
 pytestmark = pytest.mark.timeout(180)
