@@ -235,3 +235,28 @@ def test_no_answer_is_a_transport_error_never_the_http_librarys_exception():
             api.request("GET", "/x", timeout=2)
     assert type(raised.value) is TransportError and not isinstance(raised.value, APIError)
     assert "GET /x" in str(raised.value)
+
+
+def test_a_command_line_client_fails_fast_only_until_the_server_has_answered(server):
+    from kfp_trainer.backends.kube.client import FirstContact
+
+    class Unreachable(Exception):
+        pass
+
+    api = Client(Credentials(server.url), first_contact=FirstContact(1.0, lambda e: Unreachable(str(e))))
+    server.httpd.shutdown()
+    server.httpd.server_close()  # nothing listens any more: refused
+    with pytest.raises(Unreachable) as raised:
+        api.request("GET", "/x")
+    assert isinstance(raised.value.__cause__, TransportError)
+    again = Server()
+    try:
+        answered = Client(Credentials(again.url), first_contact=FirstContact(1.0, lambda e: Unreachable(str(e))))
+        assert answered.request("GET", "/x") == {}
+        again.httpd.shutdown()
+        again.httpd.server_close()
+        answered.close()  # its kept-alive connection too
+        with pytest.raises(TransportError):  # it answered once: a lost connection now is transient, retried by the caller
+            answered.request("GET", "/x", timeout=2)
+    finally:
+        again.httpd.server_close()

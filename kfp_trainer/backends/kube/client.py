@@ -7,6 +7,10 @@ followed logs). An answer outside 2xx raises the :mod:`.apierrors` error for it 
 reason, details kept); no answer at all raises :class:`~.apierrors.TransportError`. The HTTP
 library's exceptions never leave this module.
 
+A client made for the command line (:class:`FirstContact`) fails fast until the server has
+answered once: a request that gets no answer then raises the error the command line shows (one
+line, not retried) within a short connect timeout; nothing is sent to find that out.
+
 A 401 makes the client read its credentials again once (:meth:`Credentials.reload
 <kfp_trainer.backends.kube.credentials.Credentials.reload>`: the kubeconfig loader or the
 service account's token file) and send the request once more; several threads refused at
@@ -25,7 +29,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -97,14 +102,33 @@ class Stream:
                 pass
 
 
-class Client:
-    """Requests to one API server with one set of credentials (read again once after a 401)."""
+@dataclass(frozen=True)
+class FirstContact:
+    """How a client treats a request that gets no answer before the API server has answered once.
 
-    def __init__(self, credentials: Credentials) -> None:
+    Attributes:
+        timeout: The connect timeout (TCP and TLS) of the requests sent until then, in seconds.
+        failed: The error to raise instead of the :class:`~.apierrors.TransportError` (it is its cause).
+    """
+
+    timeout: float
+    failed: Callable[[TransportError], BaseException]
+
+
+class Client:
+    """Requests to one API server with one set of credentials (read again once after a 401).
+
+    Args:
+        credentials: Where the server is and who we are.
+        first_contact: Fail fast until the server has answered once (the command line); None: never.
+    """
+
+    def __init__(self, credentials: Credentials, *, first_contact: FirstContact | None = None) -> None:
         self._credentials = credentials
         self._pool = _pool(credentials)
         self._generation = 0
         self._lock = threading.Lock()
+        self._first_contact = first_contact
 
     @property
     def credentials(self) -> Credentials:
@@ -164,11 +188,18 @@ class Client:
             if authorization:
                 sent["Authorization"] = authorization
             url = credentials.host + path + _query(query)
+            first = self._first_contact
+            limits = _timeout(timeout, first.timeout if first else None)
             try:
-                response = pool.request(method, url, body=data, headers=sent, preload_content=not stream, timeout=_timeout(timeout),
+                response = pool.request(method, url, body=data, headers=sent, preload_content=not stream, timeout=limits,
                                         retries=False, redirect=False)  # fmt: skip
             except _HTTP_ERRORS as e:
-                raise TransportError(f"{what}: {_reason(e)}") from e
+                error = TransportError(f"{what}: {_reason(e)}")
+                error.__cause__ = e
+                if first is not None and self._first_contact is not None:
+                    raise first.failed(error) from error
+                raise error from e
+            self._first_contact = None  # the server answered: from now on, failures are transient ones
             if 200 <= response.status < 300:
                 return Stream(response, what) if stream else _decode(response)
             answer = _whole_body(response)
@@ -226,12 +257,15 @@ def _query(query: Query) -> str:
     return "?" + urlencode(encoded) if encoded else ""
 
 
-def _timeout(value: Timeout) -> urllib3.Timeout:
-    if value is None:
-        return urllib3.Timeout(connect=DEFAULT_TIMEOUT[0], read=None)
+def _timeout(value: Timeout, connect_at_most: float | None = None) -> urllib3.Timeout:
+    """``value`` as urllib3's: seconds in all, or (connect, read); the connect part at most ``connect_at_most``."""
     if isinstance(value, (int, float)):
-        return urllib3.Timeout(total=value)
-    connect, read = value
+        if connect_at_most is None:
+            return urllib3.Timeout(total=value)
+        return urllib3.Timeout(total=value, connect=min(value, connect_at_most))
+    connect, read = value if value is not None else (DEFAULT_TIMEOUT[0], None)
+    if connect_at_most is not None:
+        connect = min(connect, connect_at_most) if connect is not None else connect_at_most
     return urllib3.Timeout(connect=connect, read=read)
 
 

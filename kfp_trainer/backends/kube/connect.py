@@ -1,18 +1,18 @@
-"""Reaching the API server from the command line: the credentials, then one request, each failure one line.
+"""Reaching the API server from the command line: the credentials, then the first answer, each failure one line.
 
 The launcher retries transient API errors patiently (an API server that restarts mid-run is
 routine). A command typed at a terminal must not: when the cluster cannot be reached at all it
-should say so in seconds. :func:`connect` reads the credentials and asks the API server for its
-version (``GET /version``) once, with a short timeout and no retry; the connection it opened
-stays in the client's pool for the requests that follow. Any answer means the server is
-reachable (a refusal of the credentials is the later requests' to report). Each failure is one
-:class:`~kfp_trainer.errors.ClusterUnreachableError` (exit code 3) or, for credentials that
-cannot be used, one :class:`~kfp_trainer.errors.UserError` (exit code 2), naming the server and
-what to check.
+should say so in seconds. :func:`connect` reads the credentials and gives a client that fails
+fast until the API server has answered once (:class:`~.client.FirstContact`): the command's
+first request -- nothing is added to find out -- opens the connection the next requests reuse,
+within a short connect timeout; when it gets no answer it raises one
+:class:`~kfp_trainer.errors.ClusterUnreachableError` (exit code 3), not retried. Credentials that
+cannot be used are one :class:`~kfp_trainer.errors.UserError` (exit code 2). Each message names
+the server and what to check.
 
 Example:
-    >>> api = connect("~/.kube/config")   # doctest: +SKIP
-    >>> connect("/tmp/refused.kubeconfig")  # doctest: +SKIP
+    >>> api = connect("~/.kube/config")                  # doctest: +SKIP
+    >>> connect("/tmp/refused.kubeconfig").request("GET", "/version")  # doctest: +SKIP
     Traceback (most recent call last):
     ...
     kfp_trainer.errors.ClusterUnreachableError: cannot reach the API server https://127.0.0.1:1 (...): connection refused ...
@@ -23,23 +23,24 @@ from __future__ import annotations
 import errno
 import os
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ...errors import ClusterUnreachableError, CredentialsError, UserError
-from .apierrors import APIError, TransportError
-from .client import Client
-from .credentials import context_namespace, in_cluster, kubeconfig_files
+from .apierrors import TransportError
+from .client import Client, FirstContact
+from .credentials import Credentials, context_namespace, in_cluster, kubeconfig_files
 from .credentials import from_kubeconfig as kubeconfig_credentials
 
 CONNECT_TIMEOUT = 10.0
 _LOCAL_HINT = "(`--local` runs on this machine without a cluster)"
 
-__all__ = ["connect", "kubeconfig_files", "kubeconfig_namespace", "load_client", "open_connection", "why_unreachable"]
+__all__ = ["connect", "kubeconfig_files", "kubeconfig_namespace", "load_credentials", "why_unreachable"]
 
 
-def load_client(kubeconfig: str | None = None, *, hint: str = _LOCAL_HINT) -> tuple[Client, str]:
-    """An API client (the pod's service account, else a kubeconfig) and where its credentials came from.
+def load_credentials(kubeconfig: str | None = None, *, hint: str = _LOCAL_HINT) -> Credentials:
+    """The pod's service account, else a kubeconfig, for the command line (its errors in one line).
 
     ``hint`` ends the no-cluster message: how to do without one, in the flags of the command
     that asked (``""``: no way without one).
@@ -50,10 +51,9 @@ def load_client(kubeconfig: str | None = None, *, hint: str = _LOCAL_HINT) -> tu
     """
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
-            credentials = in_cluster()
+            return in_cluster()
         except CredentialsError as e:
             raise ClusterUnreachableError(f"cannot use this pod's service account to reach the cluster: {e}") from None
-        return Client(credentials), credentials.source
     files = kubeconfig_files(kubeconfig)
     if kubeconfig and not files[0].is_file():
         raise UserError(f"--kubeconfig {kubeconfig}: no such file")
@@ -62,8 +62,7 @@ def load_client(kubeconfig: str | None = None, *, hint: str = _LOCAL_HINT) -> tu
         raise ClusterUnreachableError(
             f"no cluster configured: no kubeconfig at {where}; give --kubeconfig PATH or set KUBECONFIG" + (f" {hint}" if hint else "")
         )
-    credentials = kubeconfig_credentials(kubeconfig)  # a CredentialsError (a UserError) says what is wrong, in one line
-    return Client(credentials), credentials.source
+    return kubeconfig_credentials(kubeconfig)  # a CredentialsError (a UserError) says what is wrong, in one line
 
 
 def kubeconfig_namespace(kubeconfig: str | None) -> str | None:
@@ -77,35 +76,36 @@ def kubeconfig_namespace(kubeconfig: str | None) -> str | None:
     return context_namespace(str(Path(kubeconfig).expanduser()))
 
 
-def connect(kubeconfig: str | None = None, *, timeout: float = CONNECT_TIMEOUT, hint: str = _LOCAL_HINT) -> Client:
-    """An API client whose API server has answered once (its connection kept for the next requests).
+def connect(
+    kubeconfig: str | None = None,
+    *,
+    timeout: float = CONNECT_TIMEOUT,
+    hint: str = _LOCAL_HINT,
+    stopped: Callable[[], None] | None = None,
+) -> Client:
+    """An API client for the command line: until the API server has answered once, no answer is a one-line error.
 
-    ``hint``: see :func:`load_client`.
+    Args:
+        kubeconfig: ``--kubeconfig``, else the pod's service account or ``$KUBECONFIG``.
+        timeout: The connect timeout (TCP and TLS) until the first answer.
+        hint: See :func:`load_credentials`.
+        stopped: Called before an unreachable server is reported; raises when the command was
+            stopped meanwhile (a stop signal while connecting is a cancel, not an unreachable cluster).
 
     Raises:
         UserError: Credentials that cannot be used.
-        ClusterUnreachableError: No cluster configured, or its API server cannot be reached within ``timeout``.
+        ClusterUnreachableError: No cluster configured (now), or, from the first request, its API
+            server cannot be reached within ``timeout``.
     """
-    api, source = load_client(kubeconfig, hint=hint)
-    open_connection(api, source=source, timeout=timeout)
-    return api
+    credentials = load_credentials(kubeconfig, hint=hint)
+    host, source = credentials.host, credentials.source
 
+    def unreachable(error: TransportError) -> BaseException:
+        if stopped is not None:
+            stopped()
+        return ClusterUnreachableError(f"cannot reach the API server {host} ({source}): {why_unreachable(error, host, timeout)}")
 
-def open_connection(api: Client, *, source: str, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Ask the API server for its version once (DNS, TCP, TLS and one request); its connection stays in the pool.
-
-    Raises:
-        ClusterUnreachableError: What failed, in one line.
-    """
-    host = api.host
-    try:
-        api.request("GET", "/version", timeout=(timeout, timeout))
-    except APIError:
-        return  # it answered: reachable (what it thinks of the credentials, the next requests say)
-    except TransportError as e:
-        raise ClusterUnreachableError(f"cannot reach the API server {host} ({source}): {why_unreachable(e, host, timeout)}") from None
-    except ValueError as e:  # an address urllib3 cannot even parse
-        raise ClusterUnreachableError(f"cannot reach the API server {host!r} ({source}): {_one_line(str(e))}") from None
+    return Client(credentials, first_contact=FirstContact(timeout, unreachable))
 
 
 def why_unreachable(error: BaseException, host: str, timeout: float) -> str:
