@@ -150,12 +150,13 @@ def load(kubeconfig: str | None = None, context: str | None = None) -> Credentia
     return from_kubeconfig(kubeconfig, context)
 
 
-def in_cluster(sa_dir: Path = SA_DIR, environ: Mapping[str, str] = os.environ) -> Credentials:
-    """The pod's service account: the API server's address from the environment, its token and CA files.
+def in_cluster(sa_dir: Path | None = None, environ: Mapping[str, str] = os.environ) -> Credentials:
+    """The pod's service account: the API server's address from the environment, its token and CA files (in :data:`SA_DIR`).
 
     Raises:
         CredentialsError: The environment or the service account's files are incomplete.
     """
+    sa_dir = sa_dir or SA_DIR
     host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
     source = "the pod's service account"
     if not host or not port:
