@@ -21,8 +21,9 @@ error keeps the server's answer as ``answer`` (status, reason, message, details)
 watch between reconnects, a bounded wait between relists.
 
 Example:
-    >>> RetryPolicy(attempts=3, base=0.5).delays()
-    [0.5, 1.0]
+    >>> policy = RetryPolicy(attempts=3, base=0.5, cap=15.0)
+    >>> 0.25 <= policy.pause(0) <= 0.75, 0.5 <= policy.pause(1) <= 1.5, policy.pause(9, retry_after=20.0)
+    (True, True, 15.0)
 """
 
 from __future__ import annotations
@@ -78,10 +79,6 @@ class RetryPolicy:
     attempts: int = 8
     base: float = 0.5
     cap: float = 15.0
-
-    def delays(self) -> list[float]:
-        """Sleep before each retry (without jitter)."""
-        return [min(self.cap, self.base * 2**i) for i in range(self.attempts - 1)]
 
     def pause(self, retry: int, *, retry_after: float | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (0-based): its delay, jittered; at least what the server asked."""
