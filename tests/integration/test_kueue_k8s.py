@@ -99,10 +99,10 @@ def nothing_left(api, namespace: str, name: str) -> None:
     wait_for(lambda: not pods(api, namespace, name), 30, what=f"the pods of {name} deleted")
 
 
-def test_a_job_waits_for_admission_is_told_why_then_runs_and_succeeds(api_client, namespace, queue, tmp_path, monkeypatch):
+def test_a_job_waits_for_admission_is_told_why_then_runs_and_succeeds(kube_client, api_client, namespace, queue, tmp_path, monkeypatch):
     holder = submit(api_client, namespace, queue.local, LONG)  # takes the queue's 8 GPUs
     holder_pod = running_pod(api_client, namespace, holder["metadata"]["name"])
-    step = Step(api_client, namespace, tmp_path, monkeypatch, queue_name=queue.local, resources_per_node={"gpu": GPUS},
+    step = Step(kube_client, namespace, tmp_path, monkeypatch, queue_name=queue.local, resources_per_node={"gpu": GPUS},
                 start_timeout=5.0, pod_annotations=SHORT.annotations())  # fmt: skip
     name = step.name()
     step.says(f"TrainJob is queued in LocalQueue {queue.local}")
@@ -153,9 +153,9 @@ def test_more_than_the_queue_can_ever_give_fails_in_seconds_with_kueues_reason(k
 
 
 def test_a_preempted_job_waits_is_readmitted_and_succeeds_as_the_same_trainjob(
-    api_client, namespace, queue, priorities, tmp_path, monkeypatch
+    kube_client, api_client, namespace, queue, priorities, tmp_path, monkeypatch
 ):
-    step = Step(api_client, namespace, tmp_path, monkeypatch, queue_name=queue.local, resources_per_node={"gpu": GPUS},
+    step = Step(kube_client, namespace, tmp_path, monkeypatch, queue_name=queue.local, resources_per_node={"gpu": GPUS},
                 run_timeout=25.0, pod_annotations=LONG.annotations())  # fmt: skip
     name = step.name()
     running_pod(api_client, namespace, name)
