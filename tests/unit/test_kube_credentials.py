@@ -171,6 +171,8 @@ def test_the_namespace_is_the_current_contexts(tmp_path):
 
 
 def test_a_kubeconfig_that_cannot_be_used_is_one_clear_error(tmp_path):
+    with pytest.raises(CredentialsError, match=r"no kubeconfig at .*missing: give one"):
+        credentials.from_kubeconfig(str(tmp_path / "missing"))
     (tmp_path / "broken").write_text("clusters: [\n  {")
     with pytest.raises(CredentialsError, match=r"broken: cannot be used: not valid YAML \(line \d\)"):
         credentials.from_kubeconfig(str(tmp_path / "broken"))

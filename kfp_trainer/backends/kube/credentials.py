@@ -188,7 +188,10 @@ def from_kubeconfig(kubeconfig: str | None = None, context: str | None = None) -
         CredentialsError: The files cannot be read or used.
     """
     present = [p for p in kubeconfig_files(kubeconfig) if p.is_file()]
-    source = "kubeconfig " + (os.pathsep.join(map(str, present)) or str(kubeconfig_files(kubeconfig)[0]))
+    if not present:
+        named = os.pathsep.join(map(str, kubeconfig_files(kubeconfig)))
+        raise CredentialsError(f"no kubeconfig at {named}: give one (--kubeconfig, KUBECONFIG), or run in a pod with a service account")
+    source = "kubeconfig " + os.pathsep.join(map(str, present))
     try:
         configuration, cluster = _library_load(present, context)
     except CredentialsError:
