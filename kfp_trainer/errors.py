@@ -31,9 +31,15 @@ EXIT_CANCELLED = 130
 
 
 class KfpTrainerError(Exception):
-    """Base class of every error this package raises on purpose."""
+    """Base class of every error this package raises on purpose.
+
+    ``answer`` is the API server's refusal behind it (a
+    :class:`~kfp_trainer.backends.kube.apierrors.APIError`: status, reason, message, details),
+    when one is; callers branch on its fields, not on this error's text.
+    """
 
     exit_code = EXIT_USER
+    answer: Any = None
 
 
 class UserError(KfpTrainerError, ValueError):
@@ -74,6 +80,10 @@ class OwnershipError(UserError):
 
 class ForbiddenError(UserError):
     """The service account is not allowed to do what was asked (HTTP 403)."""
+
+
+class CredentialsError(UserError):
+    """The cluster's credentials cannot be read or used (a kubeconfig, a pod's service account)."""
 
 
 class RejectedError(UserError):

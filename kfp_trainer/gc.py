@@ -111,19 +111,20 @@ class Collector:
 
     def trainjobs(self, namespace: str | None) -> list[dict[str, Any]]:
         """kfp-trainer's TrainJobs in ``namespace`` (all namespaces when None)."""
-        from .backends.kube.api import call, request
+        from .backends.kube.api import call
         from .spec import GROUP, PLURAL, VERSION
 
         where = f"/namespaces/{namespace}" if namespace else ""
         path = f"/apis/{GROUP}/{VERSION}{where}/{PLURAL}"
         body = call(
-            request, self.api, path, [("labelSelector", MANAGED_BY)], timeout=60, what=f"list TrainJobs ({MANAGED_BY})", policy=self.policy
-        )
+            self.api.request, "GET", path, query={"labelSelector": MANAGED_BY}, timeout=60, what=f"list TrainJobs ({MANAGED_BY})",
+            policy=self.policy,
+        )  # fmt: skip
         return list(body.get("items") or [])
 
     def workflow(self, namespace: str, run_id: str) -> dict[str, Any] | None | bool:
         """The KFP run's Argo Workflow; None when there is none; False when that cannot be told."""
-        from .backends.kube.api import NotFound, call, request
+        from .backends.kube.api import NotFound, call
         from .errors import UserError
 
         key = (namespace, run_id)
@@ -131,10 +132,10 @@ class Collector:
             path = f"/apis/argoproj.io/v1alpha1/namespaces/{namespace}/workflows"
             try:
                 body = call(
-                    request,
-                    self.api,
+                    self.api.request,
+                    "GET",
                     path,
-                    [("labelSelector", f"{WORKFLOW_RUN_LABEL}={run_id}")],
+                    query={"labelSelector": f"{WORKFLOW_RUN_LABEL}={run_id}"},
                     timeout=30,
                     what="list Workflows",
                     policy=self.policy,

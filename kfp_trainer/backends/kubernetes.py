@@ -29,7 +29,7 @@ from .kube.job import KubeJob
 from .kube.lifecycle import Lifecycle, leftovers_message
 
 if TYPE_CHECKING:
-    from .kube.rest import Client as ApiClient
+    from .kube.client import Client as ApiClient
 
 __all__ = ["KubernetesBackend", "load_api_client"]
 
@@ -76,19 +76,20 @@ class KubernetesBackend(Backend):
     def from_config(cls, kubeconfig: str | None = None, *, fail_fast: bool = False, **kwargs: Any) -> KubernetesBackend:
         """Backend for the cluster of the pod's service account or the kubeconfig.
 
-        ``fail_fast`` (the command line): open the first connection now, and raise a one-line
+        ``fail_fast`` (the command line): raise a one-line
         :class:`~kfp_trainer.errors.ClusterUnreachableError` when no cluster is configured or
-        its API server cannot be reached, instead of retrying; jobs go to ``kubeconfig``'s
-        context namespace unless ``namespace`` is given.
+        its API server does not answer the first request, instead of retrying; jobs go to
+        ``kubeconfig``'s context namespace unless ``namespace`` is given.
         """
         if fail_fast:
             from .kube.connect import connect, kubeconfig_namespace
 
             kwargs.setdefault("namespace", kubeconfig_namespace(kubeconfig))
             try:
-                api = connect(kubeconfig)  # bounded (a connect timeout); a stop signal waits for it
+                # A stop signal while connecting (bounded by a connect timeout) is a cancel, not an unreachable cluster.
+                api = connect(kubeconfig, stopped=cancel.check)
             except KfpTrainerError:
-                cancel.check()  # a stop signal while connecting is a cancel, not an unreachable cluster
+                cancel.check()
                 raise
             return cls(api, **kwargs)
         return cls(load_api_client(kubeconfig), **kwargs)

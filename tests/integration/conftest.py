@@ -185,9 +185,21 @@ def kueue(cluster):
 
 @pytest.fixture(scope="session")
 def api_client(cluster):
+    """The ``kubernetes`` library's client for the admin kubeconfig: the tests' own hands (set-up, what was stored)."""
     client = cluster.api_client()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def kube_client(cluster):
+    """The backend's own client (``kfp_trainer.backends.kube.client``) for the admin kubeconfig, its credentials read
+    as a launch reads them: every backend a test builds runs on it."""
+    from k8s_objects import kube_client as make
+
+    api = make(cluster.kubeconfig)
+    yield api
+    api.close()
 
 
 @pytest.fixture
@@ -217,8 +229,9 @@ def namespace(cluster, api_client):
 def ledger(cluster):
     """Every TrainJob the API server stores during the session (tests/integration/faults.py)."""
     from faults import Ledger
+    from k8s_objects import kube_client as make
 
-    api = cluster.api_client()
+    api = make(cluster.kubeconfig)
     ledger = Ledger(api).start()
     yield ledger
     ledger.close()
@@ -226,7 +239,7 @@ def ledger(cluster):
 
 
 @pytest.fixture
-def checked(request, api_client, namespace, ledger):
+def checked(request, kube_client, namespace, ledger):
     """A fault test's namespace, checked when the test ends: no TrainJob, JobSet, Job or pod is
     left (within ``LEFT_WITHIN`` s) and no two TrainJobs of one run and task were ever alive at
     once, counted by the session's own watch (the ledger), not by the launcher's output."""
@@ -236,10 +249,10 @@ def checked(request, api_client, namespace, ledger):
     yield namespace
     leaked: list[str] = []
     try:
-        wait_nothing_left(api_client, namespace, within=LEFT_WITHIN)
+        wait_nothing_left(kube_client, namespace, within=LEFT_WITHIN)
     except AssertionError as e:
         leaked = [str(e)]
-    ledger.wait_caught_up(api_client, namespace)
+    ledger.wait_caught_up(namespace)
     created = ledger.created(namespace)
     duplicated = ledger.duplicates(namespace)
     call = getattr(request.node, "report_call", None)

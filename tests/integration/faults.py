@@ -25,10 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
-
 from kfp_trainer import spec
-from kfp_trainer.backends.kube.api import request
+from kfp_trainer.backends.kube.client import Client
 from kfp_trainer.backends.kube.watch import watch
 
 RELIABILITY_LOG = "KFP_TRAINER_RELIABILITY_LOG"
@@ -54,7 +52,7 @@ class Entry:
 class Ledger:
     """Every TrainJob stored while the session runs, from a watch of all namespaces."""
 
-    api: client.ApiClient
+    api: Client
     entries: dict[str, Entry] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     synced: threading.Event = field(default_factory=threading.Event)
@@ -108,11 +106,11 @@ class Ledger:
         with self.lock:
             return [e for e in self.entries.values() if e.namespace == namespace]
 
-    def wait_caught_up(self, api: client.ApiClient, namespace: str, timeout: float = 10) -> None:
+    def wait_caught_up(self, namespace: str, timeout: float = 10) -> None:
         """Until the ledger has seen every TrainJob the namespace holds now (and their deletions)."""
         deadline = time.monotonic() + timeout
         while True:
-            live = {j["metadata"]["uid"] for j in list_kind(api, namespace, "TrainJob")}
+            live = {j["metadata"]["uid"] for j in list_kind(self.api, namespace, "TrainJob")}
             with self.lock:
                 known = {e.uid for e in self.entries.values() if e.namespace == namespace and e.deleted is None}
             if live == known or time.monotonic() > deadline:
@@ -140,17 +138,17 @@ KINDS = {
 }
 
 
-def list_kind(api: client.ApiClient, namespace: str, kind: str, selector: str = "") -> list[dict[str, Any]]:
+def list_kind(api: Client, namespace: str, kind: str, selector: str = "") -> list[dict[str, Any]]:
     query = [("labelSelector", selector)] if selector else []
-    return list(request(api, KINDS[kind].format(ns=namespace), query, timeout=30).get("items") or [])
+    return list(api.request("GET", KINDS[kind].format(ns=namespace), query=query, timeout=30).get("items") or [])
 
 
-def leftovers(api: client.ApiClient, namespace: str, selector: str = "", kinds: tuple[str, ...] = tuple(KINDS)) -> list[str]:
+def leftovers(api: Client, namespace: str, selector: str = "", kinds: tuple[str, ...] = tuple(KINDS)) -> list[str]:
     """``Kind/name`` of every TrainJob, JobSet, Job and pod in ``namespace`` (matching ``selector``)."""
     return [f"{kind}/{o['metadata']['name']}" for kind in kinds for o in list_kind(api, namespace, kind, selector)]
 
 
-def wait_nothing_left(api: client.ApiClient, namespace: str, *, within: float, selector: str = "") -> float:
+def wait_nothing_left(api: Client, namespace: str, *, within: float, selector: str = "") -> float:
     """Seconds until nothing is left in ``namespace``; fails with what is left after ``within``."""
     started = time.monotonic()
     while True:
@@ -274,14 +272,13 @@ def kubeconfig_via(kubeconfig: str, port: int, dest: Path) -> str:
     return str(dest)
 
 
-def api_via(kubeconfig: str, port: int) -> client.ApiClient:
-    """An API client for ``kubeconfig`` that talks to 127.0.0.1:``port``."""
-    from kubernetes import config
+def api_via(kubeconfig: str, port: int) -> Client:
+    """The backend's client for ``kubeconfig`` talking to 127.0.0.1:``port`` (its server there, in a kubeconfig of its own)."""
+    import tempfile
 
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    configuration.host = f"https://127.0.0.1:{port}"
-    return client.ApiClient(configuration)
+    from k8s_objects import kube_client
+
+    return kube_client(kubeconfig_via(kubeconfig, port, Path(tempfile.mkdtemp(prefix="kfp-trainer-via-")) / "kubeconfig"))
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
@@ -306,7 +303,7 @@ def record(entry: dict[str, Any]) -> None:
 class Seen:
     """Every object of ``kind`` in ``namespace`` the API server shows while it runs (uid -> name)."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, kind: str = "JobSet") -> None:
+    def __init__(self, api: Client, namespace: str, kind: str = "JobSet") -> None:
         from kfp_trainer.backends.kube.watch import Handle
 
         self.uids: dict[str, str] = {}

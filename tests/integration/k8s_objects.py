@@ -22,6 +22,9 @@ from kubernetes import client
 from kfp_trainer import spec
 from kfp_trainer.backends import owner
 from kfp_trainer.backends.kube.api import RetryPolicy
+from kfp_trainer.backends.kube.apierrors import APIError
+from kfp_trainer.backends.kube.client import Client
+from kfp_trainer.backends.kube.credentials import from_kubeconfig
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.backends.procs import ProcessId
 from kfp_trainer.spec import TrainJobInputs
@@ -42,26 +45,34 @@ class InertBackend(KubernetesBackend):
         return super().submit(inert(manifest), runtime=runtime)
 
 
-class RecordingApiClient(client.ApiClient):
-    """An API client that records every request it sends (method, path, query), and can act on one."""
+def kube_client(kubeconfig: str) -> Client:
+    """The backend's own client for ``kubeconfig``: its credentials read as a launch reads them."""
+    return Client(from_kubeconfig(kubeconfig))
 
-    def __init__(self, configuration: client.Configuration, before=None) -> None:
-        super().__init__(configuration)
+
+class Recording(Client):
+    """The backend's client, recording every request it sends (method, path, query); it can act on one first,
+    and send extra headers (``Impersonate-User``: act as a service account)."""
+
+    def __init__(self, api: Client, before=None) -> None:
+        super().__init__(api.credentials)
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.refused: list[tuple[int, str, str]] = []  # (status, method, path) of failed requests
         self.before = before
+        self.headers: dict[str, str] = {}
 
-    def call_api(self, resource_path, method, path_params=None, query_params=None, *args, **kwargs):
-        path = resource_path
-        for key, value in (path_params or {}).items():
-            path = path.replace("{" + key + "}", str(value))
-        entry = (method, path, dict(query_params or []))
+    def set_default_header(self, name: str, value: str) -> None:
+        self.headers[name] = value
+
+    def request(self, method, path, *, query=None, headers=None, **kwargs):
+        pairs = query.items() if isinstance(query, dict) else query or []
+        entry = (method, path.split("?", 1)[0], dict(pairs))
         self.requests.append(entry)
         if self.before is not None:
             self.before(entry)
         try:
-            return super().call_api(resource_path, method, path_params, query_params, *args, **kwargs)
-        except client.ApiException as e:
+            return super().request(method, path, query=query, headers={**self.headers, **(headers or {})}, **kwargs)
+        except APIError as e:
             self.refused.append((e.status, method, path))
             raise
 
@@ -71,11 +82,18 @@ class RecordingApiClient(client.ApiClient):
         )
 
 
-def recording(api: client.ApiClient, before=None) -> RecordingApiClient:
-    return RecordingApiClient(api.configuration, before)
+def recording(api: Client, before=None) -> Recording:
+    return Recording(api, before)
 
 
-def backend(api: client.ApiClient, namespace: str, **kw: Any) -> KubernetesBackend:
+def impersonating(api: Client, user: str) -> Recording:
+    """The backend's client acting as ``user`` (``system:serviceaccount:<ns>:<name>``)."""
+    acting = Recording(api)
+    acting.set_default_header("Impersonate-User", user)
+    return acting
+
+
+def backend(api: Client, namespace: str, **kw: Any) -> KubernetesBackend:
     return InertBackend(api, namespace=namespace, policy=RetryPolicy(attempts=3, base=0.2), **kw)
 
 

@@ -42,7 +42,7 @@ def pod_security(api, namespace):
 
 
 @pytest.mark.parametrize("refusal", [quota, limit_range, pod_security], ids=["ResourceQuota", "LimitRange", "PodSecurity"])
-def test_pods_refused_at_creation_fail_the_step_within_seconds(api_client, namespace, refusal):
+def test_pods_refused_at_creation_fail_the_step_within_seconds(kube_client, api_client, namespace, refusal):
     pod_spec, words = refusal(api_client, namespace)
     out = io.StringIO()
     options = LaunchOptions(start_timeout=90, blocker_check_interval=0.5, fatal_blocker_grace=2, logs="0")
@@ -50,7 +50,7 @@ def test_pods_refused_at_creation_fail_the_step_within_seconds(api_client, names
     def jobset_stand_in(ref):
         owned_job(api_client, get_trainjob(api_client, namespace, ref.name), pod_spec=pod_spec)
 
-    launcher = Launcher(backend(api_client, namespace), options, out=out, on_submitted=jobset_stand_in)
+    launcher = Launcher(backend(kube_client, namespace), options, out=out, on_submitted=jobset_stand_in)
     started = time.monotonic()
     with pytest.raises(CannotStartError) as info:
         launcher.run(inputs(namespace, suspend=True))

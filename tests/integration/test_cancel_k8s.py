@@ -22,13 +22,13 @@ from kfp_trainer.launcher import Launcher, LaunchOptions
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_a_signal_while_the_create_request_is_in_flight_deletes_what_it_created(api_client, namespace):
+def test_a_signal_while_the_create_request_is_in_flight_deletes_what_it_created(kube_client, api_client, namespace):
     def sigterm_on_create(request):
         method, path, query = request
         if method == "POST" and path.endswith(f"/{spec.PLURAL}") and "dryRun" not in query:
             os.kill(os.getpid(), signal.SIGTERM)  # lands while the request is being sent
 
-    rec = recording(api_client, before=sigterm_on_create)
+    rec = recording(kube_client, before=sigterm_on_create)
     out = io.StringIO()
     launcher = Launcher(backend(rec, namespace), LaunchOptions(logs="none"), out=out)
     with pytest.raises(CancelledError):
@@ -100,7 +100,7 @@ def test_sigterm_swept_from_process_start_to_following_never_leaks_a_job(cluster
     assert any(rc == 130 for _, rc, _ in outcomes), outcomes
 
 
-def test_a_signal_ends_a_wait_for_an_earlier_try_to_go_at_once_but_never_a_deletions_wait(api_client, namespace):
+def test_a_signal_ends_a_wait_for_an_earlier_try_to_go_at_once_but_never_a_deletions_wait(kube_client, api_client, namespace):
     """The handler shuts the waiting watch's stream down: without that, the read would go on
     until the server ends the stream (a signal whose handler does not raise ends no read)."""
     core = client.CoreV1Api(api_client)
@@ -112,12 +112,12 @@ def test_a_signal_ends_a_wait_for_an_earlier_try_to_go_at_once_but_never_a_delet
             threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
             began = time.monotonic()
             with pytest.raises(CancelledError):
-                wait_gone(api_client, path, selectors, timeout=20, cancellable=True)
+                wait_gone(kube_client, path, selectors, timeout=20, cancellable=True)
             assert time.monotonic() - began < 3
         with cancel.handling():  # a deletion's wait: a signal changes nothing, the bound ends it
             threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
             began = time.monotonic()
-            left = wait_gone(api_client, path, selectors, timeout=3)
+            left = wait_gone(kube_client, path, selectors, timeout=3)
             assert [o["metadata"]["name"] for o in left] == ["held"] and time.monotonic() - began >= 3
     finally:
         core.patch_namespaced_config_map("held", namespace, {"metadata": {"finalizers": None}})

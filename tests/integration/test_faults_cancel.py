@@ -43,12 +43,12 @@ def inputs(namespace: str, script: PodScript | None = None, **kw) -> TrainJobInp
     )
 
 
-def test_a_cancel_deletes_the_job_and_the_trainer_never_recreates_its_jobset(cluster, api_client, checked):
+def test_a_cancel_deletes_the_job_and_the_trainer_never_recreates_its_jobset(kube_client, cluster, api_client, checked):
     ns = checked
     out = Output(start_launch(cluster.kubeconfig, ns, "cancel", "--num-nodes", "2", "--pod-annotations", annotations(RUNNING)))
     out.wait_for("step 2")
     name = trainjob_name(out.text)
-    jobsets = Seen(api_client, ns)
+    jobsets = Seen(kube_client, ns)
     cancelled = time.monotonic()
     out.proc.send_signal(signal.SIGTERM)
     rc = out.finish()
@@ -59,7 +59,7 @@ def test_a_cancel_deletes_the_job_and_the_trainer_never_recreates_its_jobset(clu
     assert "error: received SIGTERM: the run was cancelled" in out.text
     assert "still present" not in out.text and "Traceback" not in out.text
     # The launcher returned only once everything was gone: nothing to wait for now.
-    assert leftovers(api_client, ns) == []
+    assert leftovers(kube_client, ns) == []
     assert list(seen.values()) == [name], seen  # one JobSet, never re-created while the TrainJob went
     assert took < 15, took
     print(f"cancel to exit, everything gone: {took:.2f}s")
@@ -73,22 +73,22 @@ def test_a_cancel_deletes_the_job_and_the_trainer_never_recreates_its_jobset(clu
     ],
     ids=["run_timeout", "start_timeout-pods-creating"],
 )
-def test_a_time_limit_deletes_the_job_jobset_jobs_and_pods_before_returning(api_client, checked, script, limits, words):
+def test_a_time_limit_deletes_the_job_jobset_jobs_and_pods_before_returning(kube_client, api_client, checked, script, limits, words):
     ns = checked
-    jobsets = Seen(api_client, ns)
+    jobsets = Seen(kube_client, ns)
     out = io.StringIO()
-    backend = KubernetesBackend(api_client, namespace=ns, watch_timeout=10)
+    backend = KubernetesBackend(kube_client, namespace=ns, watch_timeout=10)
     launcher = Launcher(backend, LaunchOptions(logs="0", blocker_check_interval=1, **limits), out=out)
     inp = inputs(ns, script, num_nodes=2)
     with pytest.raises(TimeLimitError, match=words):
         launcher.run(inp)
-    assert leftovers(api_client, ns) == [], out.getvalue()
+    assert leftovers(kube_client, ns) == [], out.getvalue()
     seen = jobsets.close()
     assert len(seen) == 1, seen
     assert "still present" not in out.getvalue()
 
 
-def test_a_second_sigterm_during_the_deletion_does_not_abort_it(cluster, api_client, checked):
+def test_a_second_sigterm_during_the_deletion_does_not_abort_it(kube_client, cluster, api_client, checked):
     ns = checked
     out = Output(start_launch(cluster.kubeconfig, ns, "twice", "--pod-annotations", annotations(RUNNING)))
     out.wait_for("step 1")
@@ -108,10 +108,10 @@ def test_a_second_sigterm_during_the_deletion_does_not_abort_it(cluster, api_cli
     rc = out.finish()
     assert rc == 130, out.text
     assert "Traceback" not in out.text and "still present" not in out.text
-    assert leftovers(api_client, ns) == []
+    assert leftovers(kube_client, ns) == []
 
 
-def test_a_cancel_waits_for_a_trainjob_held_by_a_finalizer(cluster, api_client, checked):
+def test_a_cancel_waits_for_a_trainjob_held_by_a_finalizer(kube_client, cluster, api_client, checked):
     ns = checked
     out = Output(start_launch(cluster.kubeconfig, ns, "held", "--pod-annotations", annotations(RUNNING)))
     out.wait_for("step 1")
@@ -132,13 +132,13 @@ def test_a_cancel_waits_for_a_trainjob_held_by_a_finalizer(cluster, api_client, 
     finally:
         custom.patch_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, name, {"metadata": {"finalizers": None}})
     assert out.finish() == 130, out.text
-    assert leftovers(api_client, ns) == [] and "still present" not in out.text
+    assert leftovers(kube_client, ns) == [] and "still present" not in out.text
 
 
-def test_a_finalizer_that_outlasts_the_deletion_bound_is_named_with_the_remedy(api_client, checked):
+def test_a_finalizer_that_outlasts_the_deletion_bound_is_named_with_the_remedy(kube_client, api_client, checked):
     ns = checked
     out = io.StringIO()
-    backend = KubernetesBackend(api_client, namespace=ns, watch_timeout=10)
+    backend = KubernetesBackend(kube_client, namespace=ns, watch_timeout=10)
     custom = client.CustomObjectsApi(api_client)
     held: list[str] = []
 
@@ -161,7 +161,7 @@ def test_a_finalizer_that_outlasts_the_deletion_bound_is_named_with_the_remedy(a
 # ----------------------------------------------------------------------------- the sweep
 
 
-def test_sigterm_swept_from_process_start_to_log_streaming_never_leaves_anything(cluster, api_client, checked):
+def test_sigterm_swept_from_process_start_to_log_streaming_never_leaves_anything(kube_client, cluster, api_client, checked):
     """SIGTERM at 24 points from the launcher's start to well into log streaming, four launchers
     at a time, pods really running: each ends with exit 130 and nothing of its run left the
     moment it exits (or was killed before creating anything)."""
@@ -197,7 +197,7 @@ def test_sigterm_swept_from_process_start_to_log_streaming_never_leaves_anything
         sent = time.monotonic()
         rc = out.finish()
         took = time.monotonic() - sent
-        left = leftovers(api_client, ns, selector=f"{spec.LABEL_RUN}={run}")
+        left = leftovers(kube_client, ns, selector=f"{spec.LABEL_RUN}={run}")
         return delay, rc, out.text, took, left
 
     with ThreadPoolExecutor(parallel) as pool:

@@ -86,8 +86,8 @@ def control_plane_survives(cluster):
     assert not dead, f"components gone after the fault: {dead}"
 
 
-def test_the_api_server_killed_and_restarted_mid_run_loses_nothing(cluster, api_client, checked):
-    run = Run(api_client, checked, PodScript(lines=LINES, line_delay=0.25))
+def test_the_api_server_killed_and_restarted_mid_run_loses_nothing(cluster, kube_client, checked):
+    run = Run(kube_client, checked, PodScript(lines=LINES, line_delay=0.25))
     run.wait_line("step 03")
     cluster.restart("kube-apiserver", kill=signal.SIGKILL)
     outcome = run.finish()
@@ -96,8 +96,8 @@ def test_the_api_server_killed_and_restarted_mid_run_loses_nothing(cluster, api_
     assert outcome.metrics.final() == {"loss": pytest.approx(1 / 30, abs=1e-4)}
 
 
-def test_etcd_restarted_mid_run_loses_nothing(cluster, api_client, checked):
-    run = Run(api_client, checked, PodScript(lines=LINES, line_delay=0.25))
+def test_etcd_restarted_mid_run_loses_nothing(cluster, kube_client, checked):
+    run = Run(kube_client, checked, PodScript(lines=LINES, line_delay=0.25))
     run.wait_line("step 03")
     cluster.restart("etcd", kill=signal.SIGTERM)
     outcome = run.finish()
@@ -105,8 +105,8 @@ def test_etcd_restarted_mid_run_loses_nothing(cluster, api_client, checked):
     assert relayed(run.out.getvalue()) == LINES
 
 
-def test_etcd_stopped_and_continued_mid_run_loses_nothing(cluster, api_client, checked):
-    run = Run(api_client, checked, PodScript(lines=LINES, line_delay=0.25))
+def test_etcd_stopped_and_continued_mid_run_loses_nothing(cluster, kube_client, checked):
+    run = Run(kube_client, checked, PodScript(lines=LINES, line_delay=0.25))
     run.wait_line("step 03")
     pid = cluster.pid("etcd")
     os.kill(pid, signal.SIGSTOP)
@@ -119,10 +119,10 @@ def test_etcd_stopped_and_continued_mid_run_loses_nothing(cluster, api_client, c
     assert relayed(run.out.getvalue()) == LINES
 
 
-def test_a_410_storm_relists_every_watch_and_the_log_is_still_exact(cluster, api_client, checked, caplog):
+def test_a_410_storm_relists_every_watch_and_the_log_is_still_exact(kube_client, cluster, api_client, checked, caplog):
     """Each API server restart starts its watch cache afresh: every watch resuming from an
     older resourceVersion is answered 410 Gone and must relist. Three restarts in one run."""
-    rec = recording(cluster.api_client())
+    rec = recording(kube_client)
     backend = KubernetesBackend(rec, namespace=checked, watch_timeout=20)
     caplog.set_level(logging.INFO, logger="kfp_trainer")
     run = Run(rec, checked, PodScript(lines=LINES, line_delay=0.3), backend=backend)
@@ -178,11 +178,11 @@ def test_a_create_slower_than_the_clients_timeout_makes_no_duplicate(cluster, ap
     assert len(creates) == 2 and (409, "POST", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{checked}/trainjobs") in rec.refused
     assert relayed(run.out.getvalue()) == LINES
     assert f"created TrainJob {outcome.ref}" in run.out.getvalue()  # its own job, not someone else's to adopt
-    ledger.wait_caught_up(api_client, checked)
+    ledger.wait_caught_up(checked)
     assert len(ledger.created(checked)) == 1
 
 
-def test_a_cancel_through_a_slow_api_server_still_deletes_everything(cluster, api_client, checked, slow, tmp_path):
+def test_a_cancel_through_a_slow_api_server_still_deletes_everything(kube_client, cluster, api_client, checked, slow, tmp_path):
     slow.delay = 0.4
     kubeconfig = kubeconfig_via(cluster.kubeconfig, slow.port, tmp_path / "kubeconfig")
     script = PodScript(lines=[f"step {i}" for i in range(400)], line_delay=0.25, exit_delay=float("inf"))
@@ -194,10 +194,10 @@ def test_a_cancel_through_a_slow_api_server_still_deletes_everything(cluster, ap
     out.proc.send_signal(signal.SIGTERM)
     assert out.finish(timeout=120) == 130, out.text
     assert f"deleting TrainJob {checked}/{name}" in out.text
-    assert leftovers(api_client, checked) == []
+    assert leftovers(kube_client, checked) == []
 
 
-def test_time_limits_hold_behind_a_slow_api_server(cluster, api_client, checked, slow):
+def test_time_limits_hold_behind_a_slow_api_server(kube_client, cluster, api_client, checked, slow):
     slow.delay = 0.4
     api = api_via(cluster.kubeconfig, slow.port)
     backend = KubernetesBackend(api, namespace=checked, watch_timeout=20)
@@ -209,4 +209,4 @@ def test_time_limits_hold_behind_a_slow_api_server(cluster, api_client, checked,
     took = time.monotonic() - started
     # Everything before the create, the limit, the deletion and its wait, each request 0.8 s slower.
     assert took < 40, took
-    assert leftovers(api_client, checked) == []
+    assert leftovers(kube_client, checked) == []

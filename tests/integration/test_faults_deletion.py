@@ -91,9 +91,9 @@ def counts(text: str) -> list[int]:
     return [lines.count(line) for line in LINES]
 
 
-def start(api_client, ns: str) -> tuple[threading.Thread, dict, io.StringIO, object, str]:
+def start(kube_client, ns: str) -> tuple[threading.Thread, dict, io.StringIO, object, str]:
     """The launcher, following a job whose pod printed its lines, in a thread; the DELETE may come."""
-    rec = recording(api_client)
+    rec = recording(kube_client)
     backend = KubernetesBackend(rec, namespace=ns, watch_timeout=10)
     out = io.StringIO()
     inp = inputs(ns)
@@ -113,11 +113,11 @@ def start(api_client, ns: str) -> tuple[threading.Thread, dict, io.StringIO, obj
 
 @pytest.mark.parametrize("propagation", list(WORDS))
 def test_a_job_deleted_by_someone_else_fails_the_step_at_once_each_line_relayed_once_deletion_left_alone(
-    api_client, checked, propagation
+    kube_client, api_client, checked, propagation
 ):
     ns = checked
-    jobsets = Seen(api_client, ns)
-    thread, result, out, rec, name = start(api_client, ns)
+    jobsets = Seen(kube_client, ns)
+    thread, result, out, rec, name = start(kube_client, ns)
     try:
         deleted = time.monotonic()
         delete_trainjob(api_client, ns, name, propagation)
@@ -139,13 +139,13 @@ def test_a_job_deleted_by_someone_else_fails_the_step_at_once_each_line_relayed_
     print(f"{propagation}: DELETE to the step's end {took:.2f}s; JobSets made meanwhile: {len(made)}")
 
 
-def test_a_retry_never_adopts_the_job_being_deleted_and_creates_nothing_over_it(api_client, checked, ledger):
+def test_a_retry_never_adopts_the_job_being_deleted_and_creates_nothing_over_it(kube_client, api_client, checked, ledger):
     """The step failed (the job deleted with foreground propagation, and held: here by a finalizer of
     someone's, as the re-made JobSets hold it for a while); its retry renders the same name. It does not
     adopt, delete or patch that job: it waits for it to go, bounded, then fails saying so (exit 3: retry
     once it is gone) and creates nothing."""
     ns = checked
-    thread, result, out, _, name = start(api_client, ns)
+    thread, result, out, _, name = start(kube_client, ns)
     inp = result["inputs"]
     custom = client.CustomObjectsApi(api_client)
     custom.patch_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, name, {"metadata": {"finalizers": [HOLD]}})
@@ -156,7 +156,7 @@ def test_a_retry_never_adopts_the_job_being_deleted_and_creates_nothing_over_it(
         first = get_trainjob(api_client, ns, name)
         assert first is not None and first["metadata"].get("deletionTimestamp"), "the foreground deletion ended on its own"
 
-        rec = recording(api_client)
+        rec = recording(kube_client)
         backend = KubernetesBackend(rec, namespace=ns, watch_timeout=10, replace_timeout=3, policy=RetryPolicy(attempts=3, base=0.2))
         retry_out = io.StringIO()
         with pytest.raises(DeletionTimeoutError) as info:

@@ -17,6 +17,7 @@ from testcluster import PodScript
 
 from kfp_trainer import spec
 from kfp_trainer.backends.kube.api import RetryPolicy
+from kfp_trainer.backends.kube.client import Client
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import DeletionTimeoutError, JobFailedError
 from kfp_trainer.launcher import Launcher, LaunchOptions
@@ -60,7 +61,7 @@ def test_a_killed_launchers_identical_rerun_adopts_the_same_job_and_relays_its_w
     assert f"adopted existing TrainJob {ns}/{name}" in rerun.text
     assert relayed(rerun.text) == LINES  # from the container's start: nothing lost, nothing twice
     assert json.loads(rerun.text.splitlines()[-1])["metrics"] == {"loss": pytest.approx(1 / 12, abs=1e-3)}
-    ledger.wait_caught_up(api_client, ns)
+    ledger.wait_caught_up(ns)
     assert [e.uid for e in ledger.created(ns)] == [uid]
 
 
@@ -95,7 +96,7 @@ def test_a_retry_with_other_inputs_and_an_explicit_name_replaces_the_stale_job_o
     assert f"replaced stale TrainJob {ns}/fixed of an earlier try of this task" in retry.text
     assert f"created TrainJob {ns}/fixed" in retry.text
     assert relayed(retry.text) == LINES  # the new job's pods, not the stale one's
-    ledger.wait_caught_up(api_client, ns)
+    ledger.wait_caught_up(ns)
     assert [e.uid for e in ledger.created(ns)][0] == stale and len(ledger.created(ns)) == 2
     # Nothing of either try is left, and the two were never alive at once (the checked fixture).
 
@@ -117,14 +118,14 @@ def test_an_explicitly_named_earlier_try_whose_launcher_runs_is_left_alone_and_t
         assert first.finish() == 130, first.text
 
 
-def test_fifty_concurrent_launchers_of_one_task_make_one_job(api_client, checked):
+def test_fifty_concurrent_launchers_of_one_task_make_one_job(api_client, kube_client, checked):
     ns = checked
     inp = inputs(ns, PodScript(lines=LINES, line_delay=0.1), run="r50")
     results: list[tuple[bool, str, str]] = []
     lock = threading.Lock()
 
     def one() -> None:
-        api = client.ApiClient(api_client.configuration)
+        api = Client(kube_client.credentials)  # a pool of its own, as a launcher process has
         out = io.StringIO()
         backend = KubernetesBackend(api, namespace=ns, watch_timeout=30)
         try:
@@ -160,7 +161,7 @@ def test_a_job_deleted_by_someone_else_fails_the_step_and_leaves_nothing(cluster
     assert "Traceback" not in out.text
 
 
-def test_a_runtime_deleted_while_its_job_runs_does_not_strand_the_launcher(api_client, checked):
+def test_a_runtime_deleted_while_its_job_runs_does_not_strand_the_launcher(kube_client, api_client, checked):
     ns = checked
     rt = custom(api_client).get_cluster_custom_object(spec.GROUP, spec.VERSION, "clustertrainingruntimes", "torch-distributed")
     body = {
@@ -171,7 +172,7 @@ def test_a_runtime_deleted_while_its_job_runs_does_not_strand_the_launcher(api_c
     }
     custom(api_client).create_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, "trainingruntimes", body)
     out = io.StringIO()
-    backend = KubernetesBackend(api_client, namespace=ns, watch_timeout=10)
+    backend = KubernetesBackend(kube_client, namespace=ns, watch_timeout=10)
 
     def delete_runtime(ref):
         custom(api_client).delete_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, "trainingruntimes", "doomed")
@@ -180,7 +181,7 @@ def test_a_runtime_deleted_while_its_job_runs_does_not_strand_the_launcher(api_c
     outcome = launcher.run(inputs(ns, PodScript(lines=LINES, line_delay=0.2), runtime="doomed", runtime_kind="TrainingRuntime"))
     assert outcome.succeeded, out.getvalue()
     assert relayed(out.getvalue()) == LINES
-    assert leftovers(api_client, ns) == []
+    assert leftovers(kube_client, ns) == []
 
 
 def test_a_deleted_runtime_is_named_before_anything_is_created(cluster, api_client, checked):
@@ -190,12 +191,12 @@ def test_a_deleted_runtime_is_named_before_anything_is_created(cluster, api_clie
     assert "runtime: ClusterTrainingRuntime 'gone-runtime' does not exist. Available: ClusterTrainingRuntime/" in out.text
 
 
-def test_a_job_that_never_starts_is_deleted_at_its_start_timeout(cluster, api_client, checked):
+def test_a_job_that_never_starts_is_deleted_at_its_start_timeout(kube_client, cluster, api_client, checked):
     ns = checked
     out = Output(start_launch(cluster.kubeconfig, ns, "r", "--start-timeout", "4", *script_args(PodScript(start_delay=float("inf")))))
     assert out.finish() == 1, out.text
     assert "did not start within start_timeout=4s" in out.text
-    assert leftovers(api_client, ns) == []
+    assert leftovers(kube_client, ns) == []
 
 
 # ----------------------------------------------------------------------------- replacing a failed job
@@ -222,12 +223,12 @@ def team_runtime(api_client, ns: str, script: PodScript, name: str = "flaky") ->
         co.create_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, "trainingruntimes", rt)
 
 
-def failed_job(api_client, ns: str) -> tuple[TrainJobInputs, dict]:
+def failed_job(api_client, kube_client, ns: str) -> tuple[TrainJobInputs, dict]:
     """A TrainJob of a team runtime that failed (its pods exit 1); the runtime then succeeds."""
     team_runtime(api_client, ns, PodScript(lines=["boom"], exit_code=1, crash_backoff=0.1))
     inp = inputs(ns, runtime="flaky", runtime_kind="TrainingRuntime")
     with pytest.raises(JobFailedError):
-        Launcher(KubernetesBackend(api_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="none"), out=io.StringIO()).run(inp)
+        Launcher(KubernetesBackend(kube_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="none"), out=io.StringIO()).run(inp)
     team_runtime(api_client, ns, PodScript(lines=LINES))
     name = spec.render(inp)["metadata"]["name"]
     return inp, custom(api_client).get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, name)
@@ -245,12 +246,12 @@ def trainjob_names(api_client, ns: str) -> list[str]:
     ]
 
 
-def test_a_failed_job_that_does_not_go_is_not_replaced_over_and_nothing_is_created(api_client, checked):
+def test_a_failed_job_that_does_not_go_is_not_replaced_over_and_nothing_is_created(kube_client, api_client, checked):
     ns = checked
-    inp, old = failed_job(api_client, ns)
+    inp, old = failed_job(api_client, kube_client, ns)
     name = old["metadata"]["name"]
     hold(api_client, ns, name, [HOLD])
-    backend = KubernetesBackend(api_client, namespace=ns, watch_timeout=10, replace_timeout=3, policy=RetryPolicy(attempts=3, base=0.2))
+    backend = KubernetesBackend(kube_client, namespace=ns, watch_timeout=10, replace_timeout=3, policy=RetryPolicy(attempts=3, base=0.2))
     try:
         started = time.monotonic()
         with pytest.raises(DeletionTimeoutError) as info:
@@ -263,9 +264,9 @@ def test_a_failed_job_that_does_not_go_is_not_replaced_over_and_nothing_is_creat
         hold(api_client, ns, name, None)
 
 
-def test_a_failed_job_that_takes_a_while_to_go_is_replaced_once_it_is_gone(api_client, checked):
+def test_a_failed_job_that_takes_a_while_to_go_is_replaced_once_it_is_gone(kube_client, api_client, checked):
     ns = checked
-    inp, old = failed_job(api_client, ns)
+    inp, old = failed_job(api_client, kube_client, ns)
     name = old["metadata"]["name"]
     hold(api_client, ns, name, [HOLD])
     release = threading.Timer(2.0, hold, (api_client, ns, name, None))
@@ -273,7 +274,7 @@ def test_a_failed_job_that_takes_a_while_to_go_is_replaced_once_it_is_gone(api_c
     out = io.StringIO()
     started = time.monotonic()
     outcome = Launcher(
-        KubernetesBackend(api_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="0", delete_after_success=True), out=out
+        KubernetesBackend(kube_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="0", delete_after_success=True), out=out
     ).run(inp)
     release.join()
     assert outcome.replaced and outcome.succeeded and outcome.ref.uid != old["metadata"]["uid"], out.getvalue()
@@ -282,9 +283,9 @@ def test_a_failed_job_that_takes_a_while_to_go_is_replaced_once_it_is_gone(api_c
     assert relayed(out.getvalue()) == LINES, out.getvalue()
 
 
-def test_a_job_already_being_deleted_is_waited_for_never_adopted(api_client, checked):
+def test_a_job_already_being_deleted_is_waited_for_never_adopted(kube_client, api_client, checked):
     ns = checked
-    inp, old = failed_job(api_client, ns)
+    inp, old = failed_job(api_client, kube_client, ns)
     name = old["metadata"]["name"]
     hold(api_client, ns, name, [HOLD])
     custom(api_client).delete_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, name)  # someone else deletes it
@@ -292,7 +293,7 @@ def test_a_job_already_being_deleted_is_waited_for_never_adopted(api_client, che
     release.start()
     out = io.StringIO()
     outcome = Launcher(
-        KubernetesBackend(api_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="0", delete_after_success=True), out=out
+        KubernetesBackend(kube_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="0", delete_after_success=True), out=out
     ).run(inp)
     release.join()
     assert outcome.succeeded and not outcome.adopted and outcome.ref.uid != old["metadata"]["uid"], out.getvalue()
@@ -301,14 +302,14 @@ def test_a_job_already_being_deleted_is_waited_for_never_adopted(api_client, che
     assert relayed(out.getvalue()) == LINES
 
 
-def test_ten_deletions_wait_with_watches_not_polls(api_client, checked):
+def test_ten_deletions_wait_with_watches_not_polls(kube_client, api_client, checked):
     """Ten running jobs deleted at once: each waits for its TrainJob, JobSet, Jobs and pods with
     one list and one watch per kind, never by GETting the objects in a loop."""
     from concurrent.futures import ThreadPoolExecutor
 
     from k8s_objects import recording
 
-    rec = recording(api_client)
+    rec = recording(kube_client)
     backend = KubernetesBackend(rec, namespace=checked, watch_timeout=20)
     refs = []
     for i in range(10):
@@ -333,4 +334,4 @@ def test_ten_deletions_wait_with_watches_not_polls(api_client, checked):
     gets = [(p, q) for m, p, q in rec.requests if m == "GET" and "watch" not in q]
     assert all(not any(p.endswith(f"/{r.name}") for r in refs) for p, _ in gets), gets  # no GET of an object
     assert len(rec.requests) <= 10 * 9, len(rec.requests)  # a delete, then at most a list and a watch per kind
-    assert leftovers(api_client, checked) == []
+    assert leftovers(kube_client, checked) == []

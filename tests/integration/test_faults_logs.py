@@ -19,7 +19,7 @@ import pytest
 import yaml
 from faults import api_via, leftovers, relayed
 from helpers import condition, get_trainjob, wait_for
-from k8s_objects import recording
+from k8s_objects import Recording, recording
 from kubernetes import client
 from tcp_proxy import TcpProxy
 from testcluster import PodScript
@@ -46,10 +46,10 @@ def log_requests(rec) -> list[dict]:
     return [q for m, p, q in rec.requests if m == "GET" and p.endswith("/log")]
 
 
-def test_a_stream_the_server_does_not_end_after_the_container_exits_is_cut_and_read_once(cluster, api_client, checked):
+def test_a_stream_the_server_does_not_end_after_the_container_exits_is_cut_and_read_once(kube_client, cluster, api_client, checked):
     """The kubelet front is frozen after the last line: the follow stream stays open while the pod
     exits and the TrainJob completes. The launcher cuts it and reads the rest once."""
-    rec = recording(cluster.api_client())
+    rec = recording(kube_client)
     front = cluster.pid("logfront")
     frozen = threading.Event()
 
@@ -83,8 +83,8 @@ def test_a_stream_the_server_does_not_end_after_the_container_exits_is_cut_and_r
     assert any("follow" not in q and "sinceTime" in q for q in logs[1:]), logs  # the rest, read once from the cursor
 
 
-def test_a_stalled_log_stream_resumes_from_its_cursor_without_loss_or_repeats(cluster, api_client, checked):
-    rec = recording(cluster.api_client())
+def test_a_stalled_log_stream_resumes_from_its_cursor_without_loss_or_repeats(kube_client, cluster, api_client, checked):
+    rec = recording(kube_client)
     backend = KubernetesBackend(rec, namespace=checked, watch_timeout=20, log_read_timeout=1.5)
     out = io.StringIO()
     lines = LINES[:4]
@@ -97,7 +97,7 @@ def test_a_stalled_log_stream_resumes_from_its_cursor_without_loss_or_repeats(cl
     assert len(resumed) >= 2, log_requests(rec)  # one per quiet gap longer than the read timeout
 
 
-def runner_without_log_access(cluster, api_client, namespace: str) -> tuple[client.ApiClient, list]:
+def runner_without_log_access(api_client, kube_client, namespace: str) -> tuple[Recording, list]:
     """deploy/rbac.yaml in ``namespace`` with the ``pods/log`` rule taken out; a client impersonating the runner."""
     rbac = client.RbacAuthorizationV1Api(api_client)
     client.CoreV1Api(api_client).create_namespaced_service_account(namespace, {"metadata": {"name": "pipeline-runner"}})
@@ -121,13 +121,13 @@ def runner_without_log_access(cluster, api_client, namespace: str) -> tuple[clie
             doc["roleRef"]["name"] += f"-{suffix}"
             rbac.create_cluster_role_binding(doc)
             cleanup.append((rbac.delete_cluster_role_binding, doc["metadata"]["name"]))
-    runner = recording(cluster.api_client())
+    runner = recording(kube_client)
     runner.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:pipeline-runner")
     return runner, cleanup
 
 
-def test_a_forbidden_log_is_reported_once_and_the_job_still_followed_to_its_end(cluster, api_client, checked, caplog):
-    runner, cleanup = runner_without_log_access(cluster, api_client, checked)
+def test_a_forbidden_log_is_reported_once_and_the_job_still_followed_to_its_end(api_client, kube_client, checked, caplog):
+    runner, cleanup = runner_without_log_access(api_client, kube_client, checked)
     caplog.set_level(logging.WARNING, logger="kfp_trainer")
     try:
         backend = KubernetesBackend(runner, namespace=checked, watch_timeout=20)
@@ -147,7 +147,7 @@ def test_a_forbidden_log_is_reported_once_and_the_job_still_followed_to_its_end(
     assert took < 60
 
 
-def test_a_cancel_while_a_failure_is_being_explained_is_a_cancel(api_client, checked):
+def test_a_cancel_while_a_failure_is_being_explained_is_a_cancel(kube_client, api_client, checked):
     """SIGTERM lands on the diagnosis's request for the namespace's events (the only unfiltered one)."""
 
     def sigterm_on_diagnosis(request):
@@ -155,7 +155,7 @@ def test_a_cancel_while_a_failure_is_being_explained_is_a_cancel(api_client, che
         if method == "GET" and path.endswith("/events") and not query:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    rec = recording(api_client, before=sigterm_on_diagnosis)
+    rec = recording(kube_client, before=sigterm_on_diagnosis)
     backend = KubernetesBackend(rec, namespace=checked, watch_timeout=20)
     out = io.StringIO()
     with pytest.raises(CancelledError) as info:
@@ -164,7 +164,7 @@ def test_a_cancel_while_a_failure_is_being_explained_is_a_cancel(api_client, che
         )
     assert info.value.exit_code == 130
     assert "CancelledError: deleting TrainJob" in out.getvalue()
-    assert leftovers(api_client, checked) == []
+    assert leftovers(kube_client, checked) == []
 
 
 def test_a_quiet_job_outlasts_many_routine_reconnects(cluster, api_client, checked):

@@ -67,7 +67,7 @@ def jobset_quota(api, namespace: str) -> tuple[tuple[str, ...], str, str]:
     [pod_security, pod_quota, limit_range, job_quota, jobset_quota],
     ids=["PodSecurity-restricted", "ResourceQuota-pods", "LimitRange", "JobSet-JobCreationFailed", "Trainer-ResourcesCreationFailed"],
 )
-def test_a_job_the_cluster_refuses_to_run_fails_within_seconds_with_the_refusals_words(cluster, api_client, checked, refusal):
+def test_a_job_the_cluster_refuses_to_run_fails_within_seconds_with_the_refusals_words(kube_client, cluster, api_client, checked, refusal):
     extra, reason, words = refusal(api_client, checked)
     started = time.monotonic()
     out = Output(start_launch(cluster.kubeconfig, checked, "refused", "--num-nodes", "2", *extra))
@@ -78,7 +78,7 @@ def test_a_job_the_cluster_refuses_to_run_fails_within_seconds_with_the_refusals
     assert f"not starting yet: {reason}: " in out.text
     assert "CannotStartError: deleting TrainJob" in out.text
     assert took < 45, took  # the default start_timeout is an hour; the fatal grace is 10 s
-    assert leftovers(api_client, checked) == []
+    assert leftovers(kube_client, checked) == []
 
 
 # ----------------------------------------------------------------------------- too large, webhooks
@@ -91,12 +91,12 @@ def test_an_oversized_job_is_refused_before_any_write_with_a_size_message(cluste
     assert out.finish() == 2, out.text[:2000]
     assert "env[0].value: got '2.0 MiB'; expected at most 128.0 KiB (larger values cannot reach a process)" in out.text
     assert len(out.text) < 2000  # the value is not echoed back
-    ledger.wait_caught_up(api_client, checked)
+    ledger.wait_caught_up(checked)
     assert ledger.created(checked) == []
 
 
-def test_an_object_the_api_server_finds_too_large_is_the_users_error_and_not_retried(api_client, checked):
-    rec = recording(api_client)
+def test_an_object_the_api_server_finds_too_large_is_the_users_error_and_not_retried(kube_client, api_client, checked):
+    rec = recording(kube_client)
     backend = KubernetesBackend(rec, namespace=checked)
     manifest = spec.render(spec.TrainJobInputs(run_id="big", task_name="train", namespace=checked))
     manifest["spec"]["trainer"] = {"env": [{"name": "BLOB", "value": "x" * 1_600_000}]}  # past our checks: the server's answer
@@ -106,8 +106,8 @@ def test_an_object_the_api_server_finds_too_large_is_the_users_error_and_not_ret
     assert rec.count("POST", f"/{spec.PLURAL}") == 1
 
 
-def test_the_trainer_webhook_answers_the_version_probe_and_nothing_is_stored(api_client, checked, ledger):
-    rec = recording(api_client)
+def test_the_trainer_webhook_answers_the_version_probe_and_nothing_is_stored(kube_client, api_client, checked, ledger):
+    rec = recording(kube_client)
     assert KubernetesBackend(rec, namespace=checked).detect_api_version() == "v2.2"
     probes = [r for r in rec.requests if r[0] == "POST"]
     assert len(probes) == 1 and probes[0][2].get("dryRun") == "All"
@@ -116,7 +116,7 @@ def test_the_trainer_webhook_answers_the_version_probe_and_nothing_is_stored(api
         (403, "POST", f"/apis/{spec.GROUP}/{spec.VERSION}/namespaces/{checked}/{spec.PLURAL}")
     ], rec.refused
     assert rec.count("GET", "/openapi/") == 0
-    ledger.wait_caught_up(api_client, checked)
+    ledger.wait_caught_up(checked)
     assert ledger.created(checked) == []
 
 
@@ -129,5 +129,5 @@ def test_a_create_the_trainer_webhook_denies_is_a_clear_user_error(cluster, api_
     assert out.finish() == 2, out.text
     assert 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request' in out.text
     assert "must be 1 for llama3_2/1B model" in out.text and "rbac" not in out.text.lower()
-    ledger.wait_caught_up(api_client, checked)
+    ledger.wait_caught_up(checked)
     assert ledger.created(checked) == []

@@ -38,8 +38,8 @@ def gc_cli(cluster, *args: str) -> str:
     return done.stdout
 
 
-def test_gc_lists_jobs_whose_launcher_is_gone_and_deletes_only_those_with_yes(cluster, api_client, namespace):
-    kube = backend(api_client, namespace)
+def test_gc_lists_jobs_whose_launcher_is_gone_and_deletes_only_those_with_yes(kube_client, cluster, api_client, namespace):
+    kube = backend(kube_client, namespace)
     jobs = {
         "pod-missing": kube.submit(manifest(namespace, {"pod": f"{namespace}/launcher-gone", "uid": "0000"}, task="a")),
         "pod-running": kube.submit(manifest(namespace, launcher_pod(api_client, namespace, "launcher-running"), task="b")),
@@ -75,8 +75,8 @@ def test_gc_lists_jobs_whose_launcher_is_gone_and_deletes_only_those_with_yes(cl
     assert left == kept
 
 
-def test_gc_collects_by_age_and_by_run_gone(api_client, namespace, workflows):
-    kube = backend(api_client, namespace)
+def test_gc_collects_by_age_and_by_run_gone(kube_client, api_client, namespace, workflows):
+    kube = backend(kube_client, namespace)
     here = owner.current()
     live_run = kube.submit(manifest(namespace, here, run="run-live", task="a"))
     ended_run = kube.submit(manifest(namespace, here, run="run-ended", task="a"))
@@ -92,10 +92,10 @@ def test_gc_collects_by_age_and_by_run_gone(api_client, namespace, workflows):
             "argoproj.io", "v1alpha1", namespace, "workflows", f"wf-{run}", {"status": {"phase": phase}}
         )
 
-    found = {c.name: c for c in (Collector(api_client).inspect(j) for j in trainjobs(api_client, namespace))}
+    found = {c.name: c for c in (Collector(kube_client).inspect(j) for j in trainjobs(api_client, namespace))}
     assert found[live_run.ref.name].why == []
     assert found[ended_run.ref.name].why == ["run ended: Workflow wf-run-ended is Failed"]
     assert found[deleted_run.ref.name].why == [f"run gone: no Workflow labelled pipeline/runid=run-deleted in {namespace}"]
 
-    later = Collector(api_client, older_than=24 * 3600, now=time.time() + 2 * 86400)
+    later = Collector(kube_client, older_than=24 * 3600, now=time.time() + 2 * 86400)
     assert all("older than 1d" in later.inspect(j).why for j in trainjobs(api_client, namespace))

@@ -61,9 +61,9 @@ def test_accepted_hostile_input_passes_the_servers_strict_dry_run_with_no_secret
     )
 
 
-def test_rejected_hostile_inputs_name_the_field_and_leave_no_trainjob_anywhere(api_client, namespace):
+def test_rejected_hostile_inputs_name_the_field_and_leave_no_trainjob_anywhere(kube_client, api_client, namespace):
     before = _all_trainjobs(api_client)
-    backend = KubernetesBackend(api_client, namespace=namespace)
+    backend = KubernetesBackend(kube_client, namespace=namespace)
     wrong = []
     for case in SAMPLE:
         out = io.StringIO()
@@ -93,7 +93,7 @@ def _runtime(kind: str, name: str, namespace: str | None, allow: bool) -> dict:
     }
 
 
-def test_host_access_is_granted_by_an_annotated_cluster_runtime_and_never_by_a_namespaced_one(api_client, namespace):
+def test_host_access_is_granted_by_an_annotated_cluster_runtime_and_never_by_a_namespaced_one(kube_client, api_client, namespace):
     custom = client.CustomObjectsApi(api_client)
     cluster_name = f"host-ok-{uuid.uuid4().hex[:8]}"
     custom.create_cluster_custom_object(
@@ -103,7 +103,7 @@ def test_host_access_is_granted_by_an_annotated_cluster_runtime_and_never_by_a_n
         spec.GROUP, spec.VERSION, namespace, "trainingruntimes", _runtime("TrainingRuntime", "team-host", namespace, True)
     )
     host = {"volumes": [{"name": "shm", "hostPath": {"path": "/dev/shm"}}], "volume_mounts": [{"name": "shm", "mountPath": "/dev/shm"}]}
-    backend = KubernetesBackend(api_client, namespace=namespace)
+    backend = KubernetesBackend(kube_client, namespace=namespace)
     try:
         allowed = TrainJobInputs(run_id="r", task_name="t", namespace=namespace, runtime=cluster_name, **host)
         info = backend.resolve_runtime(allowed)

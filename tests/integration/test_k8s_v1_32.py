@@ -19,6 +19,7 @@ import time
 import pytest
 import testcluster
 from helpers import wait_for
+from k8s_objects import kube_client as kube_client_for
 from kubernetes import client
 
 # The 1.36 tests run here again (pytest collects what this module imports).
@@ -40,8 +41,8 @@ from test_lifecycle_k8s import (  # noqa: F401
 from testcluster import PodScript
 from testcluster.binaries import OLD_KUBE_VERSION
 
-from kfp_trainer.backends.kube.api import request
-from kfp_trainer.backends.kube.rest import ApiException
+from kfp_trainer.backends.kube.apierrors import APIUnprocessableEntityError
+from kfp_trainer.backends.kube.client import Client
 from kfp_trainer.backends.kube.watch import INITIAL_EVENTS, list_counts, streaming_lists_refused, watch
 
 pytestmark = pytest.mark.timeout(180)
@@ -65,14 +66,14 @@ def _streaming_list(api) -> dict[str, int]:
     return {k: list_counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
 
 
-def _launch_with_default_gates(api) -> dict[str, object]:
+def _launch_with_default_gates(api, kube: Client) -> dict[str, object]:
     """A short job through the launcher; whether it succeeded and how its watches listed."""
     core = client.CoreV1Api(api)
     ns = "v1-32-default-gates"
     core.create_namespace({"metadata": {"name": ns}})
     wait_for(lambda: core.list_namespaced_service_account(ns).items, what="default service account")
     before = dict(list_counts)
-    outcome, out = launch(api, inputs(ns), PodScript(lines=["step 1", "done"]))
+    outcome, out = launch(kube, inputs(ns), PodScript(lines=["step 1", "done"]))
     done = {k: list_counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
     return {"succeeded": outcome.succeeded, "relayed": "done" in out, **done}
 
@@ -99,10 +100,10 @@ def cluster():
     try:
         c.start(build=True)
         c.wait_gc_ready()  # its probe, before the API server restart below would cut its requests
-        with c.api_client() as api:
-            _DEFAULT_GATES["probe"] = _streaming_list(api)
+        with c.api_client() as api, kube_client_for(c.kubeconfig) as kube:
+            _DEFAULT_GATES["probe"] = _streaming_list(kube)
             _DEFAULT_GATES["version"] = client.VersionApi(api).get_code().git_version
-            _DEFAULT_GATES["launch"] = _launch_with_default_gates(api)
+            _DEFAULT_GATES["launch"] = _launch_with_default_gates(api, kube)
         c.restart_api_server("WatchList=false")
         _wait_ready(c)
         # Fresh informers for the Trainer's webhooks (they read runtimes from them): their first
@@ -129,8 +130,15 @@ def api_client(cluster):
     api.close()
 
 
+@pytest.fixture(scope="module")
+def kube_client(cluster):
+    api = kube_client_for(cluster.kubeconfig)
+    yield api
+    api.close()
+
+
 @pytest.fixture(autouse=True)
-def lists_instead_of_streaming_lists(request, cluster, api_client):
+def lists_instead_of_streaming_lists(request, cluster, kube_client):
     """No streaming list gets through; the launcher's caches were refused one (this test, or
     an earlier one with the same client: the refusal is remembered per client) and listed.
     A failed test gets this cluster's component log tails (conftest's are the 1.36 cluster's)."""
@@ -144,7 +152,7 @@ def lists_instead_of_streaming_lists(request, cluster, api_client):
     done = {k: list_counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
     assert done["streaming"] == 0, done
     if request.node.name in LAUNCHER_TESTS and report is not None and report.passed:
-        assert done["list"] >= 1 and (done["refused"] >= 1 or streaming_lists_refused(api_client)), done
+        assert done["list"] >= 1 and (done["refused"] >= 1 or streaming_lists_refused(kube_client)), done
 
 
 def test_the_cluster_runs_kubernetes_1_32(cluster, api_client):
@@ -163,16 +171,16 @@ def test_with_its_default_gates_1_32_runs_the_launcher_on_streaming_lists():
     assert launched["streaming"] >= 1 and launched["list"] == 0 and launched["refused"] == 0, launched
 
 
-def test_with_watchlist_off_a_streaming_list_is_refused_with_422_and_the_watch_lists(api_client):
+def test_with_watchlist_off_a_streaming_list_is_refused_with_422_and_the_watch_lists(kube_client):
     query = [("watch", "true"), ("allowWatchBookmarks", "true"), *INITIAL_EVENTS, ("resourceVersion", "")]
-    with pytest.raises(ApiException) as info:
-        request(api_client, "/api/v1/namespaces/default/configmaps", query, timeout=10, stream=True)
-    assert info.value.status == 422 and "unless the WatchList feature gate is enabled" in str(info.value.body)
-    with cluster_api(api_client) as fresh:
+    with pytest.raises(APIUnprocessableEntityError) as info:
+        kube_client.request("GET", "/api/v1/namespaces/default/configmaps", query=query, timeout=10, stream=True)
+    assert info.value.reason == "Invalid" and "unless the WatchList feature gate is enabled" in info.value.message
+    with cluster_api(kube_client) as fresh:
         assert _streaming_list(fresh) == {"streaming": 0, "list": 1, "refused": 1}
         assert streaming_lists_refused(fresh)
 
 
-def cluster_api(api_client):
+def cluster_api(api: Client) -> Client:
     """A new API client for the same server (the refusal is remembered per client)."""
-    return client.ApiClient(api_client.configuration)
+    return Client(api.credentials)

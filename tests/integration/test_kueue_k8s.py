@@ -99,10 +99,10 @@ def nothing_left(api, namespace: str, name: str) -> None:
     wait_for(lambda: not pods(api, namespace, name), 30, what=f"the pods of {name} deleted")
 
 
-def test_a_job_waits_for_admission_is_told_why_then_runs_and_succeeds(api_client, namespace, queue, tmp_path, monkeypatch):
+def test_a_job_waits_for_admission_is_told_why_then_runs_and_succeeds(kube_client, api_client, namespace, queue, tmp_path, monkeypatch):
     holder = submit(api_client, namespace, queue.local, LONG)  # takes the queue's 8 GPUs
     holder_pod = running_pod(api_client, namespace, holder["metadata"]["name"])
-    step = Step(api_client, namespace, tmp_path, monkeypatch, queue_name=queue.local, resources_per_node={"gpu": GPUS},
+    step = Step(kube_client, namespace, tmp_path, monkeypatch, queue_name=queue.local, resources_per_node={"gpu": GPUS},
                 start_timeout=5.0, pod_annotations=SHORT.annotations())  # fmt: skip
     name = step.name()
     step.says(f"TrainJob is queued in LocalQueue {queue.local}")
@@ -122,12 +122,12 @@ def test_a_job_waits_for_admission_is_told_why_then_runs_and_succeeds(api_client
     assert f"<td>Kueue LocalQueue</td><td>{queue.local}</td>" in page and f"queued in LocalQueue {queue.local}" in page
 
 
-def test_queue_timeout_still_bounds_the_wait_and_leaves_nothing(api_client, namespace, queue):
+def test_queue_timeout_still_bounds_the_wait_and_leaves_nothing(kube_client, api_client, namespace, queue):
     submit(api_client, namespace, queue.local, LONG)
     out = io.StringIO()
     inp = TrainJobInputs(run_id=f"run-{uuid.uuid4().hex[:8]}", task_name="train", namespace=namespace, queue_name=queue.local,
                          resources_per_node={"gpu": GPUS})  # fmt: skip
-    launcher = Launcher(KubernetesBackend(api_client, namespace=namespace, watch_timeout=5),
+    launcher = Launcher(KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5),
                         LaunchOptions(queue_timeout=4, blocker_check_interval=1.0), out=out)  # fmt: skip
     with pytest.raises(TimeLimitError, match=f"waited in queue {queue.local} longer than queue_timeout=4s") as info:
         launcher.run(inp)
@@ -135,11 +135,11 @@ def test_queue_timeout_still_bounds_the_wait_and_leaves_nothing(api_client, name
     nothing_left(api_client, namespace, launcher.prepare(inp).manifest["metadata"]["name"])
 
 
-def test_more_than_the_queue_can_ever_give_fails_in_seconds_with_kueues_reason(api_client, namespace, queue):
+def test_more_than_the_queue_can_ever_give_fails_in_seconds_with_kueues_reason(kube_client, api_client, namespace, queue):
     out = io.StringIO()
     inp = TrainJobInputs(run_id=f"run-{uuid.uuid4().hex[:8]}", task_name="train", namespace=namespace, queue_name=queue.local,
                          num_nodes=2, resources_per_node={"gpu": GPUS})  # fmt: skip  # 16 GPUs; the queue has 8
-    launcher = Launcher(KubernetesBackend(api_client, namespace=namespace, watch_timeout=5),
+    launcher = Launcher(KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5),
                         LaunchOptions(queue_timeout=600, start_timeout=600, blocker_check_interval=1.0), out=out)  # fmt: skip
     began = time.monotonic()
     with pytest.raises(CannotStartError) as info:
@@ -153,9 +153,9 @@ def test_more_than_the_queue_can_ever_give_fails_in_seconds_with_kueues_reason(a
 
 
 def test_a_preempted_job_waits_is_readmitted_and_succeeds_as_the_same_trainjob(
-    api_client, namespace, queue, priorities, tmp_path, monkeypatch
+    kube_client, api_client, namespace, queue, priorities, tmp_path, monkeypatch
 ):
-    step = Step(api_client, namespace, tmp_path, monkeypatch, queue_name=queue.local, resources_per_node={"gpu": GPUS},
+    step = Step(kube_client, namespace, tmp_path, monkeypatch, queue_name=queue.local, resources_per_node={"gpu": GPUS},
                 run_timeout=25.0, pod_annotations=LONG.annotations())  # fmt: skip
     name = step.name()
     running_pod(api_client, namespace, name)
@@ -249,7 +249,9 @@ def test_a_cancel_while_preempted_deletes_the_job_and_its_workload(cluster, api_
     nothing_left(api_client, namespace, name)
 
 
-def test_kueue_drops_a_v23_pod_patch_field_at_admission_and_the_step_fails_fast_with_the_trainers_refusal(api_client, namespace, queue):
+def test_kueue_drops_a_v23_pod_patch_field_at_admission_and_the_step_fails_fast_with_the_trainers_refusal(
+    kube_client, api_client, namespace, queue
+):
     """Kueue v0.17.0 is built with the Trainer v2.2 TrainJob API: when it admits a job it writes the
     TrainJob back without ``terminationGracePeriodSeconds`` (v2.3) in our runtime patch, and the
     Trainer's JobSet update is then refused (its pod template is immutable). Upstream behaviour,
@@ -257,7 +259,7 @@ def test_kueue_drops_a_v23_pod_patch_field_at_admission_and_the_step_fails_fast_
     out = io.StringIO()
     inp = TrainJobInputs(run_id=f"run-{uuid.uuid4().hex[:8]}", task_name="train", namespace=namespace, queue_name=queue.local,
                          termination_grace_period_seconds=45, pod_annotations=SHORT.annotations())  # fmt: skip
-    launcher = Launcher(KubernetesBackend(api_client, namespace=namespace, watch_timeout=5),
+    launcher = Launcher(KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5),
                         LaunchOptions(blocker_check_interval=1.0, fatal_blocker_grace=5), out=out)  # fmt: skip
     began = time.monotonic()
     with pytest.raises(CannotStartError, match="TrainJobResourcesCreationFailed") as info:

@@ -32,7 +32,7 @@ import images  # noqa: E402  (hack/k8s/images.py)
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_a_preempted_sft_trainer_resumes_from_its_checkpoint_when_kueue_readmits_it(kueue, api_client, namespace, real_node):
+def test_a_preempted_sft_trainer_resumes_from_its_checkpoint_when_kueue_readmits_it(kueue, api_client, kube_client, namespace, real_node):
     core = client.CoreV1Api(api_client)
     image = images.import_into("trainer", str(real_node.containerd.socket))[0].ref
     core.patch_namespace(namespace, {"metadata": {"labels": MANAGED_NAMESPACES}})
@@ -46,7 +46,7 @@ def test_a_preempted_sft_trainer_resumes_from_its_checkpoint_when_kueue_readmits
     try:
         queues.wait_active(api_client, cq)
         prepare_claim(core, namespace, image, "builtin://datasets/addition", "builtin://models/tiny-char-lm")
-        run(api_client, core, namespace, image, placement, high)
+        run(api_client, kube_client, core, namespace, image, placement, high)
     finally:
         for job in list_trainjobs(api_client, namespace):
             client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
@@ -67,14 +67,14 @@ def job_inputs(namespace: str, image: str, placement: dict, **kw) -> TrainJobInp
     )  # fmt: skip
 
 
-def run(api, core, namespace: str, image: str, placement: dict, high: str) -> None:
+def run(api, kube, core, namespace: str, image: str, placement: dict, high: str) -> None:
     args = ["--model-dir", "/workspace/model", "--dataset-dir", "/workspace/dataset", "--output-dir", "/workspace/output",
             "--max-steps", "400", "--checkpoint-steps", "5", "--logging-steps", "5", "--batch-size", "8",
             "--time-budget-seconds", "60"]  # fmt: skip
     inp = job_inputs(namespace, image, placement, task_name="sft", command=["torchrun", "-m", "kfp_trainer.trainers.sft"], args=args,
                      num_proc_per_node=1)  # fmt: skip
     out, result = io.StringIO(), {}
-    launcher = Launcher(KubernetesBackend(api, namespace=namespace), LaunchOptions(start_timeout=240, run_timeout=300), out=out)
+    launcher = Launcher(KubernetesBackend(kube, namespace=namespace), LaunchOptions(start_timeout=240, run_timeout=300), out=out)
     thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
     thread.start()
     name = launcher.prepare(inp).manifest["metadata"]["name"]

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.mark.trainer_versions
-def test_a_label_selector_finds_the_trainjob_the_launcher_created(api_client, namespace):
-    outcome, _ = launch(api_client, inputs(namespace, labels={"team": "a", "example.com/cost-center": "ml"}))
+def test_a_label_selector_finds_the_trainjob_the_launcher_created(kube_client, api_client, namespace):
+    outcome, _ = launch(kube_client, inputs(namespace, labels={"team": "a", "example.com/cost-center": "ml"}))
     assert outcome.succeeded
     trainjobs = client.CustomObjectsApi(api_client).list_namespaced_custom_object(
         spec.GROUP, spec.VERSION, namespace, spec.PLURAL, label_selector="team=a,example.com/cost-center=ml"

@@ -18,12 +18,15 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from faults import api_via
 from helpers import wait_for
-from kubernetes import client, config
+from kubernetes import client
 from tcp_proxy import TcpProxy
 from testcluster import PodScript
 
 from kfp_trainer import spec
+from kfp_trainer.backends.kube.client import Client
+from kfp_trainer.backends.kube.credentials import Credentials
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import (
     CancelledError,
@@ -163,8 +166,8 @@ def set_runtime_script(api, namespace: str, name: str, script: PodScript) -> Non
 # ----------------------------------------------------------------------------- rendering vs storage
 
 
-def test_stored_trainjob_equals_the_rendered_manifest(api_client, namespace):
-    backend = backend_for(api_client, namespace)
+def test_stored_trainjob_equals_the_rendered_manifest(kube_client, api_client, namespace):
+    backend = backend_for(kube_client, namespace)
     launcher = Launcher(backend, out=io.StringIO())
     full = {k: v for k, v in FULL.items() if k not in ("dataset_uri", "dataset_secret", "model_uri", "model_secret")}
     job = launcher.prepare(scripted(inputs(namespace, **full), PodScript(exit_delay=float("inf"))))
@@ -207,13 +210,13 @@ VARIANTS = [
 
 
 @pytest.mark.parametrize("api_version", ["v2.2", "v2.1"])
-def test_the_schema_and_the_trainer_webhooks_accept_every_rendered_manifest(cluster, api_client, namespace, api_version):
+def test_the_schema_and_the_trainer_webhooks_accept_every_rendered_manifest(kube_client, cluster, api_client, namespace, api_version):
     """Server-side dry runs go through the CRD schema (strict field validation) and the
     real Trainer webhooks (defaulting and validation against the named runtime)."""
     custom = client.CustomObjectsApi(api_client)
 
     def check(crd_version: str) -> None:
-        backend = backend_for(api_client, namespace)
+        backend = backend_for(kube_client, namespace)
         assert backend.detect_api_version() == crd_version
         for i, variant in enumerate(VARIANTS):
             variant = dict(variant)
@@ -234,16 +237,16 @@ def test_the_schema_and_the_trainer_webhooks_accept_every_rendered_manifest(clus
 
 
 @pytest.mark.trainer_versions
-def test_strict_validation_rejects_unknown_fields_with_a_clear_error(api_client, namespace):
-    backend = backend_for(api_client, namespace)
+def test_strict_validation_rejects_unknown_fields_with_a_clear_error(kube_client, api_client, namespace):
+    backend = backend_for(kube_client, namespace)
     m = spec.render(inputs(namespace, patch={"spec": {"trainer": {"numNode": 2}}}))
     with pytest.raises(RejectedError, match="numNode"):
         backend.submit(m)
     assert list_trainjobs(api_client, namespace) == []
 
 
-def test_forced_v21_manifest_is_rejected_by_a_v23_server(api_client, namespace):
-    backend = backend_for(api_client, namespace, api_version="v2.1")
+def test_forced_v21_manifest_is_rejected_by_a_v23_server(kube_client, api_client, namespace):
+    backend = backend_for(kube_client, namespace, api_version="v2.1")
     launcher = Launcher(backend, out=io.StringIO())
     with pytest.raises(RejectedError, match="podTemplateOverrides"):
         launcher.run(inputs(namespace, node_selector={"a": "b"}))
@@ -254,25 +257,25 @@ def test_forced_v21_manifest_is_rejected_by_a_v23_server(api_client, namespace):
 
 
 @pytest.mark.trainer_versions
-def test_missing_runtime_lists_the_available_ones_and_creates_nothing(api_client, namespace):
+def test_missing_runtime_lists_the_available_ones_and_creates_nothing(kube_client, api_client, namespace):
     with pytest.raises(RuntimeNotFoundError) as info:
-        launch(api_client, inputs(namespace, runtime="torch-distributd"))
+        launch(kube_client, inputs(namespace, runtime="torch-distributd"))
     assert "ClusterTrainingRuntime/torch-distributed" in str(info.value)
     assert "ClusterTrainingRuntime/torchtune-llama3.2-1b" in str(info.value)
     assert list_trainjobs(api_client, namespace) == []
 
 
 @pytest.mark.trainer_versions
-def test_namespaced_runtime_is_found_in_the_job_namespace(api_client, namespace):
+def test_namespaced_runtime_is_found_in_the_job_namespace(kube_client, api_client, namespace):
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(
         spec.GROUP, spec.VERSION, namespace, "trainingruntimes", runtime_with("team-torch", namespace)
     )
-    outcome, _ = launch(api_client, inputs(namespace, runtime="team-torch", runtime_kind="TrainingRuntime"))
+    outcome, _ = launch(kube_client, inputs(namespace, runtime="team-torch", runtime_kind="TrainingRuntime"))
     assert outcome.succeeded and outcome.runtime == "TrainingRuntime/team-torch"
 
 
 def test_bad_input_fails_before_any_api_call(namespace):
-    dead = client.ApiClient(client.Configuration(host="https://127.0.0.1:9"))  # nothing listens there
+    dead = Client(Credentials("https://127.0.0.1:9"))  # nothing listens there
     with pytest.raises(InvalidSpecErrors, match="num_nodes"):
         launch(dead, inputs(namespace, num_nodes=0))
 
@@ -281,9 +284,9 @@ def test_bad_input_fails_before_any_api_call(namespace):
 
 
 @pytest.mark.trainer_versions
-def test_success_streams_logs_and_parses_metrics(api_client, namespace):
+def test_success_streams_logs_and_parses_metrics(kube_client, api_client, namespace):
     lines = [f'{{"step": {i}, "loss": {1.0 / i:.3f}}}' for i in range(1, 9)] + ["done"]
-    outcome, out = launch(api_client, inputs(namespace), PodScript(lines=lines))
+    outcome, out = launch(kube_client, inputs(namespace), PodScript(lines=lines))
     assert outcome.succeeded and outcome.reason == "AllJobsCompleted"
     assert relayed(out) == lines
     assert outcome.metrics.final() == {"loss": 0.125} and outcome.metrics.best() == {"loss": 0.125}
@@ -291,24 +294,24 @@ def test_success_streams_logs_and_parses_metrics(api_client, namespace):
     assert get_trainjob(api_client, namespace, outcome.ref.name) is not None  # kept by default
 
 
-def test_all_nodes_logs_are_prefixed(api_client, namespace):
-    outcome, out = launch(api_client, inputs(namespace, num_nodes=2), PodScript(lines=["a", "b"]), logs="all")
+def test_all_nodes_logs_are_prefixed(kube_client, api_client, namespace):
+    outcome, out = launch(kube_client, inputs(namespace, num_nodes=2), PodScript(lines=["a", "b"]), logs="all")
     assert outcome.succeeded
     for node in (0, 1):
         assert [line for line in out.splitlines() if line.startswith(f"[node-{node}] ")] == [f"[node-{node}] a", f"[node-{node}] b"]
 
 
-def test_logs_survive_container_restarts_without_loss_or_repeats(api_client, namespace):
+def test_logs_survive_container_restarts_without_loss_or_repeats(kube_client, api_client, namespace):
     lines = [f"line {i}" for i in range(6)]
     script = PodScript(lines=lines, line_delay=0.8, crashes=2, crash_after=[2, 4], crash_backoff=1.0)
-    outcome, out = launch(api_client, inputs(namespace), script)
+    outcome, out = launch(kube_client, inputs(namespace), script)
     assert outcome.succeeded
     body = [line for line in out.splitlines() if line.startswith("line ")]
     assert body == lines[:2] + lines[:4] + lines
 
 
 @pytest.mark.trainer_versions
-def test_failure_carries_reason_failed_pod_and_log_tail(api_client, namespace):
+def test_failure_carries_reason_failed_pod_and_log_tail(kube_client, api_client, namespace):
     """A runtime whose pods are not restarted (restartPolicy Never, backoffLimit 0): the
     failed pod stays, with its exit code and log, when the Job fails."""
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(
@@ -316,7 +319,7 @@ def test_failure_carries_reason_failed_pod_and_log_tail(api_client, namespace):
     )
     script = PodScript(lines=["loading shards", "RuntimeError: CUDA error: out of memory"], exit_code=137)
     with pytest.raises(JobFailedError) as info:
-        launch(api_client, inputs(namespace, runtime="no-retry", runtime_kind="TrainingRuntime"), script)
+        launch(kube_client, inputs(namespace, runtime="no-retry", runtime_kind="TrainingRuntime"), script)
     message = str(info.value)
     assert "FailedJobs" in message and "jobset failed due to one or more job failures" in message
     assert "RuntimeError: CUDA error: out of memory" in message.split("Last 40 log lines", 1)[1]
@@ -324,29 +327,29 @@ def test_failure_carries_reason_failed_pod_and_log_tail(api_client, namespace):
     assert "kubectl get trainjob" in message
 
 
-def test_deadline_exceeded_is_reported(api_client, namespace):
+def test_deadline_exceeded_is_reported(kube_client, api_client, namespace):
     script = PodScript(lines=["step 1"], exit_delay=float("inf"))
     with pytest.raises(JobFailedError, match="DeadlineExceeded: TrainJob exceeded its active deadline"):
-        launch(api_client, inputs(namespace, active_deadline_seconds=3), script)
+        launch(kube_client, inputs(namespace, active_deadline_seconds=3), script)
 
 
 # ----------------------------------------------------------------------------- adopt / replace / conflicts
 
 
 @pytest.mark.trainer_versions
-def test_retry_adopts_the_running_job_without_a_duplicate(api_client, namespace):
+def test_retry_adopts_the_running_job_without_a_duplicate(kube_client, api_client, namespace):
     inp = scripted(inputs(namespace), PodScript(lines=[f"line {i}" for i in range(20)], line_delay=0.1))
-    backend = backend_for(api_client, namespace)
+    backend = backend_for(kube_client, namespace)
     manifest = Launcher(backend, out=io.StringIO()).prepare(inp).manifest
     first = backend.submit(manifest)  # the first try dies right after creating its job
-    outcome, out = launch(api_client, inp)  # the retry
+    outcome, out = launch(kube_client, inp)  # the retry
     assert outcome.adopted and outcome.ref.uid == first.ref.uid and outcome.succeeded
     assert "adopted existing TrainJob" in out
     assert len(list_trainjobs(api_client, namespace)) == 1
 
 
 @pytest.mark.trainer_versions
-def test_retry_replaces_its_own_failed_job(api_client, namespace):
+def test_retry_replaces_its_own_failed_job(kube_client, api_client, namespace):
     # The same inputs twice; the runtime (scripted by the test) fails the first time only.
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(
         spec.GROUP, spec.VERSION, namespace, "trainingruntimes", runtime_with("flaky", namespace, "Never", 0)
@@ -354,21 +357,21 @@ def test_retry_replaces_its_own_failed_job(api_client, namespace):
     inp = inputs(namespace, runtime="flaky", runtime_kind="TrainingRuntime")
     set_runtime_script(api_client, namespace, "flaky", PodScript(lines=["boom"], exit_code=1))
     with pytest.raises(JobFailedError):
-        launch(api_client, inp)
+        launch(kube_client, inp)
     first_uid = list_trainjobs(api_client, namespace)[0]["metadata"]["uid"]
     set_runtime_script(api_client, namespace, "flaky", PodScript(lines=["fine"]))
-    outcome, out = launch(api_client, inp)
+    outcome, out = launch(kube_client, inp)
     assert outcome.replaced and outcome.succeeded and outcome.ref.uid != first_uid
     assert "replaced failed TrainJob" in out
     assert [j["metadata"]["uid"] for j in list_trainjobs(api_client, namespace)] == [outcome.ref.uid]
 
 
-def test_a_job_of_another_task_is_not_adopted(api_client, namespace):
+def test_a_job_of_another_task_is_not_adopted(kube_client, api_client, namespace):
     inp = inputs(namespace, name="shared-name")
     other = spec.render(inputs(namespace, task="someone-else", name="shared-name"))
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, spec.PLURAL, other)
     with pytest.raises(OwnershipError, match="was not created by this task"):
-        launch(api_client, inp)
+        launch(kube_client, inp)
     assert len(list_trainjobs(api_client, namespace)) == 1
 
 
@@ -378,10 +381,7 @@ def test_a_job_of_another_task_is_not_adopted(api_client, namespace):
 def test_launcher_survives_forced_disconnects(cluster, namespace):
     server = urlparse(cluster.server)
     proxy = TcpProxy(server.hostname, server.port)
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=cluster.kubeconfig, client_configuration=configuration)
-    configuration.host = f"https://127.0.0.1:{proxy.port}"
-    api = client.ApiClient(configuration)
+    api = api_via(cluster.kubeconfig, proxy.port)
     lines = [f"line {i:02d}" for i in range(40)]
     cutter_stop = threading.Event()
 
@@ -403,29 +403,29 @@ def test_launcher_survives_forced_disconnects(cluster, namespace):
 # ----------------------------------------------------------------------------- cannot start, limits, cancel
 
 
-def test_never_starting_job_is_reported_within_its_grace_and_deleted(api_client, namespace):
+def test_never_starting_job_is_reported_within_its_grace_and_deleted(kube_client, api_client, namespace):
     # No JobSet may be created in this namespace: the Trainer controller reports that on the TrainJob.
     client.CoreV1Api(api_client).create_namespaced_resource_quota(
         namespace, {"metadata": {"name": "no-jobsets"}, "spec": {"hard": {"count/jobsets.jobset.x-k8s.io": "0"}}}
     )
     started = time.monotonic()
     with pytest.raises(CannotStartError, match="TrainJobResourcesCreationFailed") as info:
-        launch(api_client, inputs(namespace), fatal_blocker_grace=3)
+        launch(kube_client, inputs(namespace), fatal_blocker_grace=3)
     assert time.monotonic() - started < 30
     assert "exceeded quota: no-jobsets" in str(info.value)
     wait_for(lambda: list_trainjobs(api_client, namespace) == [], what="TrainJob deleted")
 
 
-def test_unschedulable_pods_are_reported_after_the_blocker_grace(api_client, namespace):
+def test_unschedulable_pods_are_reported_after_the_blocker_grace(kube_client, api_client, namespace):
     with pytest.raises(CannotStartError, match="Unschedulable") as info:
-        launch(api_client, inputs(namespace, node_selector={"kfp-trainer.test/nowhere": "true"}), blocker_grace=4)
+        launch(kube_client, inputs(namespace, node_selector={"kfp-trainer.test/nowhere": "true"}), blocker_grace=4)
     assert "node(s) didn't match" in str(info.value)
     wait_for(lambda: list_trainjobs(api_client, namespace) == [], what="TrainJob deleted")
 
 
-def test_slow_scheduling_within_the_grace_still_succeeds(api_client, namespace):
+def test_slow_scheduling_within_the_grace_still_succeeds(kube_client, api_client, namespace):
     label = f"kfp-trainer.test/{namespace}"
-    backend = backend_for(api_client, namespace, watch_timeout=1)
+    backend = backend_for(kube_client, namespace, watch_timeout=1)
     inp = scripted(inputs(namespace, node_selector={label: "yes"}), PodScript(lines=["ok"]))
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0, blocker_grace=60), out=io.StringIO())
     core = client.CoreV1Api(api_client)
@@ -443,21 +443,21 @@ def test_slow_scheduling_within_the_grace_still_succeeds(api_client, namespace):
     assert relayed(launcher.out.getvalue()) == ["ok"]  # type: ignore[attr-defined]
 
 
-def test_start_timeout_deletes_the_job(api_client, namespace):
+def test_start_timeout_deletes_the_job(kube_client, api_client, namespace):
     with pytest.raises(TimeLimitError, match="did not start within start_timeout=3s"):
-        launch(api_client, inputs(namespace, node_selector={"kfp-trainer.test/nowhere": "true"}), start_timeout=3, blocker_grace=600)
+        launch(kube_client, inputs(namespace, node_selector={"kfp-trainer.test/nowhere": "true"}), start_timeout=3, blocker_grace=600)
     wait_for(lambda: list_trainjobs(api_client, namespace) == [], what="TrainJob deleted")
 
 
-def test_run_timeout_deletes_the_job(api_client, namespace):
+def test_run_timeout_deletes_the_job(kube_client, api_client, namespace):
     with pytest.raises(TimeLimitError, match="ran longer than run_timeout=3s"):
-        launch(api_client, inputs(namespace), PodScript(exit_delay=float("inf")), run_timeout=3)
+        launch(kube_client, inputs(namespace), PodScript(exit_delay=float("inf")), run_timeout=3)
     wait_for(lambda: list_trainjobs(api_client, namespace) == [], what="TrainJob deleted")
 
 
 @pytest.mark.trainer_versions
-def test_delete_after_success_removes_the_job_and_its_pods(api_client, namespace):
-    outcome, _ = launch(api_client, inputs(namespace), delete_after_success=True)
+def test_delete_after_success_removes_the_job_and_its_pods(kube_client, api_client, namespace):
+    outcome, _ = launch(kube_client, inputs(namespace), delete_after_success=True)
     assert outcome.succeeded and get_trainjob(api_client, namespace, outcome.ref.name) is None
     wait_for(lambda: not client.CoreV1Api(api_client).list_namespaced_pod(namespace).items, what="pods deleted")
 
@@ -498,8 +498,8 @@ def test_sigterm_cancels_and_deletes_the_job(cluster, api_client, namespace):
     wait_for(lambda: not client.CoreV1Api(api_client).list_namespaced_pod(namespace).items, what="pods garbage-collected")
 
 
-def test_suspended_job_is_reported_and_waits(api_client, namespace):
-    backend = backend_for(api_client, namespace)
+def test_suspended_job_is_reported_and_waits(kube_client, api_client, namespace):
+    backend = backend_for(kube_client, namespace)
     inp = scripted(inputs(namespace, suspend=True), PodScript(lines=["resumed"]))
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0), out=io.StringIO())
     manifest = launcher.prepare(inp).manifest

@@ -39,9 +39,9 @@ pytestmark = pytest.mark.timeout(120)
 # ----------------------------------------------------------------------------- deletion
 
 
-def test_delete_waits_with_watches_until_the_jobs_and_pods_are_gone(cluster, api_client, namespace):
+def test_delete_waits_with_watches_until_the_jobs_and_pods_are_gone(kube_client, cluster, api_client, namespace):
     cluster.wait_gc_ready()
-    rec = recording(api_client)
+    rec = recording(kube_client)
     kube = backend(rec, namespace)
     sub = kube.submit(manifest(namespace))
     owned_job(api_client, get_trainjob(api_client, namespace, sub.ref.name), pods=2)
@@ -68,9 +68,9 @@ def test_delete_waits_with_watches_until_the_jobs_and_pods_are_gone(cluster, api
     assert len(rec.requests) <= 10, rec.requests
 
 
-def test_delete_reports_what_is_left_and_how_to_remove_it(cluster, api_client, namespace):
+def test_delete_reports_what_is_left_and_how_to_remove_it(kube_client, cluster, api_client, namespace):
     cluster.wait_gc_ready()
-    kube = backend(api_client, namespace)
+    kube = backend(kube_client, namespace)
     sub = kube.submit(manifest(namespace))
     owned_job(api_client, get_trainjob(api_client, namespace, sub.ref.name))
     core = client.CoreV1Api(api_client)
@@ -87,8 +87,8 @@ def test_delete_reports_what_is_left_and_how_to_remove_it(cluster, api_client, n
         core.patch_namespaced_pod(pod.metadata.name, namespace, {"metadata": {"finalizers": None}})
 
 
-def test_delete_never_touches_a_newer_job_of_the_same_name(api_client, namespace):
-    kube = backend(api_client, namespace)
+def test_delete_never_touches_a_newer_job_of_the_same_name(kube_client, api_client, namespace):
+    kube = backend(kube_client, namespace)
     first = kube.submit(manifest(namespace, run="r1"))
     kube.delete(first.ref)
     second = kube.submit(manifest(namespace, run="r1"))
@@ -99,8 +99,8 @@ def test_delete_never_touches_a_newer_job_of_the_same_name(api_client, namespace
 # ----------------------------------------------------------------------------- lineage: one live job per run and task
 
 
-def test_a_retry_with_changed_inputs_replaces_the_stale_job_and_says_so(api_client, namespace):
-    kube = backend(api_client, namespace)
+def test_a_retry_with_changed_inputs_replaces_the_stale_job_and_says_so(kube_client, api_client, namespace):
+    kube = backend(kube_client, namespace)
     stale = kube.submit(manifest(namespace, dead_launcher(), run="r1", env={"LR": "0.1"}))
     other_task = kube.submit(manifest(namespace, dead_launcher(), run="r1", task="evaluate"))
     other_run = kube.submit(manifest(namespace, dead_launcher(), run="r2", env={"LR": "0.1"}))
@@ -113,8 +113,8 @@ def test_a_retry_with_changed_inputs_replaces_the_stale_job_and_says_so(api_clie
     assert names == sorted([retry.ref.name, other_task.ref.name, other_run.ref.name])
 
 
-def test_an_explicitly_named_retry_with_changed_inputs_replaces_the_stale_job_of_that_name(api_client, namespace):
-    kube = backend(api_client, namespace)
+def test_an_explicitly_named_retry_with_changed_inputs_replaces_the_stale_job_of_that_name(kube_client, api_client, namespace):
+    kube = backend(kube_client, namespace)
     stale = kube.submit(manifest(namespace, dead_launcher(), run="r1", name="fixed", env={"LR": "0.1"}))
     old_digest = get_trainjob(api_client, namespace, "fixed")["metadata"]["labels"][spec.LABEL_DIGEST]
     other_run = kube.submit(manifest(namespace, dead_launcher(), run="r2", name="fixed-r2", env={"LR": "0.1"}))
@@ -130,32 +130,32 @@ def test_an_explicitly_named_retry_with_changed_inputs_replaces_the_stale_job_of
     )
 
 
-def test_an_explicitly_named_earlier_try_whose_launcher_runs_is_left_alone_with_a_clear_error(api_client, namespace):
-    kube = backend(api_client, namespace)
+def test_an_explicitly_named_earlier_try_whose_launcher_runs_is_left_alone_with_a_clear_error(kube_client, api_client, namespace):
+    kube = backend(kube_client, namespace)
     running = kube.submit(manifest(namespace, owner.current(), run="r1", name="fixed", env={"LR": "0.1"}))  # this process: alive
     with pytest.raises(OwnershipError, match=r"this run and task with other inputs .* its launcher process \d+ on .* still runs it"):
         kube.submit(manifest(namespace, run="r1", name="fixed", env={"LR": "0.2"}))
     assert [j["metadata"]["uid"] for j in trainjobs(api_client, namespace)] == [running.ref.uid]
 
 
-def test_an_explicitly_named_job_of_another_run_is_never_replaced(api_client, namespace):
-    kube = backend(api_client, namespace)
+def test_an_explicitly_named_job_of_another_run_is_never_replaced(kube_client, api_client, namespace):
+    kube = backend(kube_client, namespace)
     theirs = kube.submit(manifest(namespace, dead_launcher(), run="r1", name="fixed", env={"LR": "0.1"}))
     with pytest.raises(OwnershipError, match="was not created by this task"):
         kube.submit(manifest(namespace, run="r2", name="fixed", env={"LR": "0.2"}))
     assert [j["metadata"]["uid"] for j in trainjobs(api_client, namespace)] == [theirs.ref.uid]
 
 
-def test_a_sibling_followed_by_a_live_launcher_is_left_alone(api_client, namespace):
-    kube = backend(api_client, namespace)
+def test_a_sibling_followed_by_a_live_launcher_is_left_alone(kube_client, api_client, namespace):
+    kube = backend(kube_client, namespace)
     sibling = kube.submit(manifest(namespace, owner.current(), run="r1", env={"ITEM": "1"}))  # this process: alive
     mine = kube.submit(manifest(namespace, run="r1", env={"ITEM": "2"}))
     assert any(f"left TrainJob {sibling.ref}" in note and "still runs it" in note for note in mine.notes), mine.notes
     assert len(trainjobs(api_client, namespace)) == 2
 
 
-def test_a_finished_earlier_try_is_kept(api_client, namespace):
-    kube = backend(api_client, namespace)
+def test_a_finished_earlier_try_is_kept(kube_client, api_client, namespace):
+    kube = backend(kube_client, namespace)
     done = kube.submit(manifest(namespace, dead_launcher(), run="r1", env={"LR": "0.1"}))
     set_condition(api_client, namespace, done.ref.name, "Complete", "AllJobsCompleted")
     retry = kube.submit(manifest(namespace, run="r1", env={"LR": "0.2"}))
@@ -163,8 +163,8 @@ def test_a_finished_earlier_try_is_kept(api_client, namespace):
     assert len(trainjobs(api_client, namespace)) == 2
 
 
-def test_adopting_records_the_new_launcher(api_client, namespace):
-    kube = backend(api_client, namespace)
+def test_adopting_records_the_new_launcher(kube_client, api_client, namespace):
+    kube = backend(kube_client, namespace)
     gone = dead_launcher()
     first = kube.submit(manifest(namespace, gone, run="r1"))
     again = kube.submit(manifest(namespace, run="r1"))
@@ -175,8 +175,8 @@ def test_adopting_records_the_new_launcher(api_client, namespace):
 # ----------------------------------------------------------------------------- terminating jobs
 
 
-def test_a_terminating_job_is_never_adopted_the_new_one_is_created_once_it_is_gone(api_client, namespace):
-    kube = backend(api_client, namespace, replace_timeout=60)
+def test_a_terminating_job_is_never_adopted_the_new_one_is_created_once_it_is_gone(kube_client, api_client, namespace):
+    kube = backend(kube_client, namespace, replace_timeout=60)
     m = manifest(namespace, run="r1")
     old = kube.submit(m)
     set_finalizers(api_client, namespace, old.ref.name, [HOLD])
@@ -191,8 +191,8 @@ def test_a_terminating_job_is_never_adopted_the_new_one_is_created_once_it_is_go
     assert any("being deleted; waited for it to go" in note for note in new.notes)
 
 
-def test_when_the_failed_job_does_not_go_the_launcher_fails_clearly_and_creates_nothing(api_client, namespace):
-    kube = backend(api_client, namespace, replace_timeout=3)
+def test_when_the_failed_job_does_not_go_the_launcher_fails_clearly_and_creates_nothing(kube_client, api_client, namespace):
+    kube = backend(kube_client, namespace, replace_timeout=3)
     m = manifest(namespace, run="r1")
     old = kube.submit(m)
     set_condition(api_client, namespace, old.ref.name, "Failed")
@@ -212,8 +212,8 @@ def test_when_the_failed_job_does_not_go_the_launcher_fails_clearly_and_creates_
 
 
 @pytest.mark.parametrize("size", [1_600_000, 2 * 1024 * 1024, 4 * 1024 * 1024], ids=["etcd-limit", "grpc-limit", "http-413"])
-def test_an_oversized_job_is_the_users_error_and_not_retried(api_client, namespace, size):
-    rec = recording(api_client)
+def test_an_oversized_job_is_the_users_error_and_not_retried(kube_client, api_client, namespace, size):
+    rec = recording(kube_client)
     m = manifest(namespace)
     m["spec"]["trainer"] = {"env": [{"name": "BLOB", "value": "x" * size}]}
     with pytest.raises(RejectedError, match="too large") as info:
@@ -224,7 +224,7 @@ def test_an_oversized_job_is_the_users_error_and_not_retried(api_client, namespa
     assert trainjobs(api_client, namespace) == []
 
 
-def test_a_policy_denial_carries_the_policys_message_not_rbac_advice(api_client, namespace):
+def test_a_policy_denial_carries_the_policys_message_not_rbac_advice(kube_client, api_client, namespace):
     admission = client.AdmissionregistrationV1Api(api_client)
     name = f"deny-{namespace}"
     policy = {
@@ -248,7 +248,7 @@ def test_a_policy_denial_carries_the_policys_message_not_rbac_advice(api_client,
     admission.create_validating_admission_policy(policy)
     admission.create_validating_admission_policy_binding(binding)
     try:
-        kube = backend(api_client, namespace)
+        kube = backend(kube_client, namespace)
 
         def denied():
             try:
@@ -266,19 +266,19 @@ def test_a_policy_denial_carries_the_policys_message_not_rbac_advice(api_client,
         admission.delete_validating_admission_policy(name)
 
 
-def test_forcing_v21_on_a_v22_cluster_says_which_api_to_use(api_client, namespace):
+def test_forcing_v21_on_a_v22_cluster_says_which_api_to_use(kube_client, api_client, namespace):
     m = owner.annotate(spec.render(manifest_inputs(namespace), api_version="v2.1"))
     with pytest.raises(RejectedError, match="this cluster serves Trainer v2.2 or later.*use api_version auto or v2.2"):
-        backend(api_client, namespace, api_version="v2.1").submit(m)
+        backend(kube_client, namespace, api_version="v2.1").submit(m)
     assert trainjobs(api_client, namespace) == []
 
 
-def test_a_v22_manifest_on_a_v21_cluster_says_which_api_to_use_and_auto_detects_it(cluster, api_client, namespace):
+def test_a_v22_manifest_on_a_v21_cluster_says_which_api_to_use_and_auto_detects_it(kube_client, cluster, api_client, namespace):
     m = owner.annotate(spec.render(manifest_inputs(namespace), api_version="v2.2"))
-    rec = recording(api_client)
+    rec = recording(kube_client)
     with cluster.use_trainjob_crd(OLDER / "trainjobs-v2.1.0.yaml"):
         with pytest.raises(RejectedError, match="this cluster serves Trainer v2.1.*use api_version auto or v2.1"):
-            backend(api_client, namespace, api_version="v2.2").submit(m)
+            backend(kube_client, namespace, api_version="v2.2").submit(m)
         assert backend(rec, namespace).detect_api_version() == "v2.1"
     assert backend(rec, namespace).detect_api_version() == "v2.2"
     # Two detections, one small dry-run request each; the 1 MB OpenAPI document is never read.
@@ -296,11 +296,11 @@ def manifest_inputs(namespace: str):
 # ----------------------------------------------------------------------------- watch
 
 
-def test_a_watch_from_a_compacted_version_gets_a_real_410_and_relists(api_client, namespace):
-    kube = backend(api_client, namespace)
+def test_a_watch_from_a_compacted_version_gets_a_real_410_and_relists(kube_client, api_client, namespace):
+    kube = backend(kube_client, namespace)
     sub = kube.submit(manifest(namespace))
     path = f"/apis/{spec.GROUP}/{spec.VERSION}/namespaces/{namespace}/{spec.PLURAL}"
-    events = watch(api_client, path, [("fieldSelector", f"metadata.name={sub.ref.name}")], resource_version="1", timeout_seconds=5)
+    events = watch(kube_client, path, [("fieldSelector", f"metadata.name={sub.ref.name}")], resource_version="1", timeout_seconds=5)
     first = next(e for e in events if e is not None)
     # Started from a version, the watch lists only after the server said 410 Gone.
     assert first[0] == "LIST" and [i["metadata"]["uid"] for i in first[1]["items"]] == [sub.ref.uid]
@@ -309,7 +309,7 @@ def test_a_watch_from_a_compacted_version_gets_a_real_410_and_relists(api_client
 # ----------------------------------------------------------------------------- least privilege
 
 
-def test_the_pipeline_runner_role_covers_submit_replace_and_delete(cluster, api_client, namespace):
+def test_the_pipeline_runner_role_covers_submit_replace_and_delete(kube_client, cluster, api_client, namespace):
     import uuid
 
     import yaml
@@ -336,7 +336,7 @@ def test_the_pipeline_runner_role_covers_submit_replace_and_delete(cluster, api_
                 doc["roleRef"]["name"] += f"-{suffix}"
                 rbac.create_cluster_role_binding(doc)
                 cleanup.append((rbac.delete_cluster_role_binding, doc["metadata"]["name"]))
-    runner = recording(cluster.api_client())
+    runner = recording(kube_client)
     runner.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:pipeline-runner")
     try:
         kube = backend(runner, namespace)

@@ -31,6 +31,7 @@ from kubernetes import client, watch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kfp_driver  # noqa: E402
+from k8s_objects import impersonating  # noqa: E402
 
 from kfp_trainer.backends.kubernetes import KubernetesBackend  # noqa: E402
 
@@ -56,8 +57,8 @@ def pipeline_module(name: str):
 
 
 @pytest.fixture
-def runner(cluster, api_client, namespace):
-    """deploy/rbac.yaml applied for ``pipeline-runner`` in ``namespace``; an API client acting as it."""
+def runner(cluster, api_client, kube_client, namespace):
+    """deploy/rbac.yaml applied for ``pipeline-runner`` in ``namespace``; the backend's client acting as it."""
     rbac, core = client.RbacAuthorizationV1Api(api_client), client.CoreV1Api(api_client)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": SA}})
     suffix, cleanup = uuid.uuid4().hex[:8], []
@@ -79,8 +80,7 @@ def runner(cluster, api_client, namespace):
             rbac.create_namespaced_role(namespace, doc)
         else:
             rbac.create_namespaced_role_binding(namespace, doc)
-    impersonated = cluster.api_client()
-    impersonated.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:{SA}")
+    impersonated = impersonating(kube_client, f"system:serviceaccount:{namespace}:{SA}")
     try:
         yield impersonated
     finally:

@@ -49,7 +49,7 @@ def runtime_with_init_container(namespace: str) -> dict:
     }
 
 
-def test_typed_pod_fields_pass_the_webhooks_and_reach_the_pods(api_client, namespace):
+def test_typed_pod_fields_pass_the_webhooks_and_reach_the_pods(kube_client, api_client, namespace):
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(
         spec.GROUP, spec.VERSION, namespace, "trainingruntimes", runtime_with_init_container(namespace)
     )
@@ -65,7 +65,7 @@ def test_typed_pod_fields_pass_the_webhooks_and_reach_the_pods(api_client, names
                           "securityContext": {"runAsUser": 1001}}],
         pod_annotations=PodScript(lines=["step 1", "done"]).annotations(),
     )  # fmt: skip
-    backend = KubernetesBackend(api_client, namespace=namespace, watch_timeout=5)
+    backend = KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5)
     out, result = io.StringIO(), {}
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0, start_timeout=120), out=out)
     thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
@@ -101,8 +101,8 @@ def condition_reason(api, namespace: str, pod_name: str) -> str | None:
     return next((c.reason for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
 
 
-def test_an_init_container_the_runtime_lacks_is_refused_before_anything_is_created(api_client, namespace):
-    backend = KubernetesBackend(api_client, namespace=namespace, watch_timeout=5)
+def test_an_init_container_the_runtime_lacks_is_refused_before_anything_is_created(kube_client, api_client, namespace):
+    backend = KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5)
     inp = inputs(namespace, init_containers=[{"name": "fetch-config", "env": [{"name": "A", "value": "1"}]}])
     with pytest.raises(InvalidSpecErrors, match=r"init_containers\[0\]\.name: got 'fetch-config'; expected an init container the runtime"):
         Launcher(backend, out=io.StringIO()).run(inp)
@@ -136,9 +136,9 @@ def test_the_trainer_drops_file_key_ref_from_the_trainer_env_so_the_launcher_ref
         spec.render(inputs(namespace, env=[{"name": "DATA_VERSION", "valueFrom": FILE_REF}]))
 
 
-def test_a_multikueue_job_passes_the_webhook_and_is_followed_by_the_status_multikueue_mirrors(api_client, namespace):
+def test_a_multikueue_job_passes_the_webhook_and_is_followed_by_the_status_multikueue_mirrors(kube_client, api_client, namespace):
     inp = inputs(namespace, managed_by=spec.MULTIKUEUE, queue_name="team-q")
-    backend = KubernetesBackend(api_client, namespace=namespace, watch_timeout=5)
+    backend = KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5)
     out, result = io.StringIO(), {}
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0, start_timeout=120), out=out)
     thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
@@ -163,9 +163,9 @@ def test_a_multikueue_job_passes_the_webhook_and_is_followed_by_the_status_multi
     assert get_jobset(api_client, namespace, name) is None
 
 
-def test_termination_grace_period_on_a_v22_trainer_fails_with_the_version_it_needs(cluster, api_client, namespace):
+def test_termination_grace_period_on_a_v22_trainer_fails_with_the_version_it_needs(kube_client, cluster, api_client, namespace):
     with cluster.use_trainjob_crd(OLDER / "trainjobs-v2.2.0.yaml"):
-        backend = KubernetesBackend(api_client, namespace=namespace, watch_timeout=5)
+        backend = KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5)
         with pytest.raises(RejectedError, match=r"terminationGracePeriodSeconds \(v2\.3\+\)"):
             Launcher(backend, out=io.StringIO()).run(inputs(namespace, termination_grace_period_seconds=30))
         lister = client.CustomObjectsApi(api_client).list_namespaced_custom_object

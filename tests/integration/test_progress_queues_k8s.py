@@ -140,11 +140,13 @@ def exit_trainer(api, namespace: str, pod) -> None:
     client.CoreV1Api(api).patch_namespaced_pod(pod.metadata.name, namespace, {"metadata": {"annotations": {EXIT_DELAY: "0"}}})
 
 
-def test_trainer_progress_reaches_the_trainjob_the_step_log_and_the_report(cluster, api_client, namespace, tmp_path, monkeypatch):
+def test_trainer_progress_reaches_the_trainjob_the_step_log_and_the_report(
+    cluster, api_client, kube_client, namespace, tmp_path, monkeypatch
+):
     gates = dict(cluster.feature_gates)
     cluster.restart_controllers(feature_gates={**gates, "TrainJobStatus": True})
     try:
-        step = Step(api_client, namespace, tmp_path, monkeypatch,
+        step = Step(kube_client, namespace, tmp_path, monkeypatch,
                     pod_annotations=PodScript(lines=["training"], exit_delay=float("inf")).annotations())  # fmt: skip
         name = step.name()
         pod = wait_for(lambda: next(iter(pods(api_client, namespace, name, phase="Running")), None), 60, what="trainer pod running")
@@ -172,8 +174,8 @@ def test_trainer_progress_reaches_the_trainjob_the_step_log_and_the_report(clust
     assert step.metrics["loss"] == 0.625  # trainerStatus metrics join the step's metrics
 
 
-def test_a_queue_wait_longer_than_start_timeout_is_not_a_failure(api_client, namespace, tmp_path, monkeypatch):
-    step = Step(api_client, namespace, tmp_path, monkeypatch, suspend=True, queue_name=QUEUE, start_timeout=4.0,
+def test_a_queue_wait_longer_than_start_timeout_is_not_a_failure(api_client, kube_client, namespace, tmp_path, monkeypatch):
+    step = Step(kube_client, namespace, tmp_path, monkeypatch, suspend=True, queue_name=QUEUE, start_timeout=4.0,
                 pod_annotations=PodScript(lines=["epoch 1 loss=0.5"]).annotations())  # fmt: skip
     name = step.name()
     step.says(f"TrainJob is queued in LocalQueue {QUEUE} (Suspended: ")
@@ -198,8 +200,8 @@ def test_a_queue_wait_longer_than_start_timeout_is_not_a_failure(api_client, nam
     assert f"<td>Kueue LocalQueue</td><td>{QUEUE}</td>" in page and "<h2>Time</h2>" in page
 
 
-def test_queue_timeout_deletes_a_job_the_queue_never_admits(api_client, namespace):
-    backend = KubernetesBackend(api_client, namespace=namespace, watch_timeout=5)
+def test_queue_timeout_deletes_a_job_the_queue_never_admits(kube_client, api_client, namespace):
+    backend = KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5)
     out = io.StringIO()
     inp = TrainJobInputs(run_id=f"run-{uuid.uuid4().hex[:8]}", task_name="train", namespace=namespace, suspend=True, queue_name=QUEUE)
     launcher = Launcher(backend, LaunchOptions(queue_timeout=3, start_timeout=3600, blocker_check_interval=1.0), out=out)

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 import kfp_driver  # noqa: E402
 from docs_examples import blocks  # noqa: E402  (tests/unit/docs_examples.py)
 from helpers import wait_for  # noqa: E402
+from k8s_objects import impersonating  # noqa: E402
 from test_pipeline_trainjobs import REPO, StoredTrainJobs, executor_input  # noqa: E402
 from testcluster import PodScript  # noqa: E402
 
@@ -110,7 +111,7 @@ def compiled(tmp_path) -> str:
 
 
 def test_the_quick_starts_install_and_training_step_run_on_the_cluster_as_the_pipeline_service_account(
-    installed, compiled, cluster, api_client, tmp_path, monkeypatch
+    installed, compiled, cluster, api_client, kube_client, tmp_path, monkeypatch
 ):
     from kfp.dsl import executor as kfp_executor
 
@@ -156,8 +157,7 @@ def test_the_quick_starts_install_and_training_step_run_on_the_cluster_as_the_pi
     (artifacts["model"] / "config.json").write_text("{}")
 
     # The step acts as the service account the install bound, nothing more.
-    runner = cluster.api_client()
-    runner.set_default_header("Impersonate-User", f"system:serviceaccount:{NAMESPACE}:{SA}")
+    runner = impersonating(kube_client, f"system:serviceaccount:{NAMESPACE}:{SA}")
     monkeypatch.setattr(
         "kfp_trainer.backends.select_backend", lambda kind="auto", **kw: KubernetesBackend(runner, namespace=NAMESPACE, watch_timeout=2)
     )

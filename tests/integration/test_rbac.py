@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from k8s_objects import impersonating
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from testcluster import PodScript
@@ -76,6 +77,14 @@ def runner(cluster, api_client, namespace):
             delete(name)
 
 
+@pytest.fixture
+def runner_kube(runner, kube_client, namespace):
+    """The backend's own client acting as ``pipeline-runner`` (``runner`` applied its RBAC): what a step runs on."""
+    acting = impersonating(kube_client, f"system:serviceaccount:{namespace}:{SA}")
+    yield acting
+    acting.close()
+
+
 def can(api: client.ApiClient, namespace: str | None, verb: str, resource: str, group: str = "", subresource: str = "") -> bool:
     review = {
         "spec": {
@@ -115,8 +124,8 @@ def test_the_manifest_is_least_privilege_by_construction():
     assert cluster_role["rules"] == [expected]
 
 
-def test_pipeline_runner_can_launch_follow_and_delete_trainjobs_in_its_namespace(runner, namespace):
-    backend = KubernetesBackend(runner, namespace=namespace)
+def test_pipeline_runner_can_launch_follow_and_delete_trainjobs_in_its_namespace(runner, runner_kube, namespace):
+    backend = KubernetesBackend(runner_kube, namespace=namespace)
     info = backend.resolve_runtime(TrainJobInputs(runtime="torch-distributed", namespace=namespace, run_id="r", task_name="t"))
     assert info.api_version in ("v2.1", "v2.2")
     co = client.CustomObjectsApi(runner)
@@ -167,14 +176,15 @@ def test_pipeline_runner_cannot_touch_other_namespaces_secrets_or_cluster_object
 
 
 def test_train_job_step_under_the_runner_account_passes_task_config_to_the_stored_trainjob(
-    runner, namespace, api_client, tmp_path, monkeypatch
+    runner_kube, namespace, api_client, tmp_path, monkeypatch
 ):
     from kfp import dsl
 
     from kfp_trainer.components import train_job
 
     monkeypatch.setattr(
-        "kfp_trainer.backends.select_backend", lambda kind="auto", **kw: KubernetesBackend(runner, namespace=namespace, watch_timeout=2)
+        "kfp_trainer.backends.select_backend",
+        lambda kind="auto", **kw: KubernetesBackend(runner_kube, namespace=namespace, watch_timeout=2),
     )
     workspace = tmp_path / "kfp-workspace"
     # The run's workspace claim, bound to a volume by the real PV controller (no provisioner here).

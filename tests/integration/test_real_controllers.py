@@ -49,10 +49,10 @@ def get_trainjob(api, namespace: str, name: str) -> dict:
 
 
 @pytest.mark.trainer_versions
-def test_launcher_trainjob_runs_through_the_real_controllers_to_kwok_pods_and_back(api_client, namespace):
+def test_launcher_trainjob_runs_through_the_real_controllers_to_kwok_pods_and_back(kube_client, api_client, namespace):
     lines = ["Starting training", "epoch 1/2 loss=0.50", "epoch 2/2 loss=0.25", "Training finished"]
     script = PodScript(lines=lines, line_delay=0.1)
-    outcome, out = launch(api_client, inputs(namespace, num_nodes=2, pod_annotations=script.annotations()))
+    outcome, out = launch(kube_client, inputs(namespace, num_nodes=2, pod_annotations=script.annotations()))
     # The launcher's verdict and the relayed log, line for line.
     assert outcome.succeeded and outcome.reason == "AllJobsCompleted"
     assert relayed(out) == lines
@@ -98,7 +98,7 @@ def test_launcher_trainjob_runs_through_the_real_controllers_to_kwok_pods_and_ba
 
 
 @pytest.mark.trainer_versions
-def test_rendered_runtime_patches_are_accepted_by_the_webhook_and_reach_the_pods(api_client, namespace):
+def test_rendered_runtime_patches_are_accepted_by_the_webhook_and_reach_the_pods(kube_client, api_client, namespace):
     core = client.CoreV1Api(api_client)
     # The workspace claim, provisioned and bound by the cluster's default storage class.
     core.create_namespaced_persistent_volume_claim(
@@ -119,7 +119,7 @@ def test_rendered_runtime_patches_are_accepted_by_the_webhook_and_reach_the_pods
         pod_annotations={"example.com/note": "x", **PodScript(lines=["ok"]).annotations()},
         image_pull_secrets=["regcred"],
     )
-    outcome, out = launch(api_client, inp)
+    outcome, out = launch(kube_client, inp)
     assert outcome.succeeded and relayed(out) == ["ok"]
     p = pods(api_client, namespace, outcome.ref.name)[0]
     node = next(c for c in p.spec.containers if c.name == "node")
@@ -139,9 +139,9 @@ def test_rendered_runtime_patches_are_accepted_by_the_webhook_and_reach_the_pods
     assert core.read_namespaced_persistent_volume_claim("ws", namespace).status.phase == "Bound"
 
 
-def test_lineage_labels_reach_the_jobset_and_the_pods(api_client, namespace):
+def test_lineage_labels_reach_the_jobset_and_the_pods(kube_client, api_client, namespace):
     inp = inputs(namespace, task="lineage")
-    outcome, _ = launch(api_client, inp)
+    outcome, _ = launch(kube_client, inp)
     lineage = spec.lineage_labels(inp)
     assert lineage  # run, task, pipeline, inputs digest
     js = get_jobset(api_client, namespace, outcome.ref.name)
@@ -150,11 +150,11 @@ def test_lineage_labels_reach_the_jobset_and_the_pods(api_client, namespace):
         assert lineage.items() <= p.metadata.labels.items()
 
 
-def test_a_trainer_webhook_refusal_is_a_clear_user_error_and_creates_nothing(api_client, namespace):
+def test_a_trainer_webhook_refusal_is_a_clear_user_error_and_creates_nothing(kube_client, api_client, namespace):
     # A rule only the Trainer knows: torchtune's single-node models take one node.
     inp = inputs(namespace, runtime="torchtune-llama3.2-1b", command=["tune", "run"], num_nodes=2)
     with pytest.raises(RejectedError) as info:
-        launch(api_client, inp)
+        launch(kube_client, inp)
     message = str(info.value)
     assert "spec.trainer.numNodes" in message and "must be 1 for llama3_2/1B model" in message
     assert "rbac" not in message.lower()
@@ -163,10 +163,10 @@ def test_a_trainer_webhook_refusal_is_a_clear_user_error_and_creates_nothing(api
     )
 
 
-def test_failure_after_the_job_retries_carries_the_controllers_reason(api_client, namespace):
+def test_failure_after_the_job_retries_carries_the_controllers_reason(kube_client, api_client, namespace):
     script = PodScript(lines=["epoch 1", "NaN loss"], exit_code=1, crash_backoff=0.1)
     with pytest.raises(JobFailedError) as info:
-        launch(api_client, inputs(namespace, pod_annotations=script.annotations()))
+        launch(kube_client, inputs(namespace, pod_annotations=script.annotations()))
     name = info.value.output.split("created TrainJob ", 1)[1].split(" ", 1)[0].split("/", 1)[1]  # type: ignore[attr-defined]
     c = condition(get_trainjob(api_client, namespace, name), "Failed")
     assert (c["reason"], c["message"]) == ("FailedJobs", f"jobset failed due to one or more job failures (first failed job: {name}-node-0)")
@@ -175,10 +175,10 @@ def test_failure_after_the_job_retries_carries_the_controllers_reason(api_client
     assert {x.type: x.reason for x in job.status.conditions}["Failed"] == "BackoffLimitExceeded"
 
 
-def test_suspension_and_resumption_conditions_reach_the_launcher(api_client, namespace):
+def test_suspension_and_resumption_conditions_reach_the_launcher(kube_client, api_client, namespace):
     import threading
 
-    backend = KubernetesBackend(api_client, namespace=namespace, watch_timeout=5)
+    backend = KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5)
     inp = inputs(namespace, suspend=True, pod_annotations=PodScript(lines=["resumed"]).annotations())
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0), out=io.StringIO())
     manifest = launcher.prepare(inp).manifest
@@ -209,7 +209,7 @@ def get_trainjob_or_none(api, namespace: str, name: str) -> dict | None:
         raise
 
 
-def test_torchtune_initializers_run_before_the_trainer_through_the_launcher(api_client, namespace):
+def test_torchtune_initializers_run_before_the_trainer_through_the_launcher(kube_client, api_client, namespace):
     script = PodScript(lines=["downloaded"])
     inp = inputs(
         namespace,
@@ -219,7 +219,7 @@ def test_torchtune_initializers_run_before_the_trainer_through_the_launcher(api_
         pod_targets=["dataset-initializer", "model-initializer"],
         pod_annotations=script.annotations(),
     )
-    outcome, out = launch(api_client, inp)
+    outcome, out = launch(kube_client, inp)
     assert outcome.succeeded and relayed(out) == ["downloaded"]
     name = outcome.ref.name
     jobs = {j.metadata.name: j for j in client.BatchV1Api(api_client).list_namespaced_job(namespace).items}
@@ -236,13 +236,13 @@ def test_torchtune_initializers_run_before_the_trainer_through_the_launcher(api_
     assert pvc.status.phase == "Bound"
 
 
-def test_trainer_status_server_accepts_progress_from_a_trainer_pod(cluster, api_client, namespace):
+def test_trainer_status_server_accepts_progress_from_a_trainer_pod(kube_client, cluster, api_client, namespace):
     """The TrainJobStatus gate: the Trainer gives trainer pods its status server's URL, CA and a
     projected token; a trainer reporting progress with them updates the TrainJob's status."""
     gates = dict(cluster.feature_gates)
     cluster.restart_controllers(feature_gates={**gates, "TrainJobStatus": True})
     try:
-        backend = KubernetesBackend(api_client, namespace=namespace)
+        backend = KubernetesBackend(kube_client, namespace=namespace)
         inp = inputs(namespace, pod_annotations=PodScript(exit_delay=float("inf")).annotations())
         manifest = Launcher(backend, out=io.StringIO()).prepare(inp).manifest
         name = backend.submit(manifest).ref.name

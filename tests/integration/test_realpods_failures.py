@@ -82,13 +82,13 @@ def launch(api, inp: TrainJobInputs, **options):
         raise
 
 
-def test_a_container_over_its_memory_limit_fails_the_step_as_oom_killed(api_client, ns, real_node):
+def test_a_container_over_its_memory_limit_fails_the_step_as_oom_killed(kube_client, api_client, ns, real_node):
     inp = probe_job(
         ns, real_node.image("probe"), ["echo", "allocating", "+", "alloc", "512"], resources_per_node={"limits": {"memory": "64Mi"}}
     )
     t0 = time.monotonic()
     with pytest.raises(JobFailedError) as err:
-        launch(api_client, inp, start_timeout=120, run_timeout=120)
+        launch(kube_client, inp, start_timeout=120, run_timeout=120)
     text = str(err.value)
     print(f"OOMKilled reported {time.monotonic() - t0:.1f} s after launch")
     assert "OOMKilled" in text and "exit 137" in text, text
@@ -98,14 +98,14 @@ def test_a_container_over_its_memory_limit_fails_the_step_as_oom_killed(api_clie
 
 
 @pytest.mark.parametrize("policy", ["IfNotPresent", "Never"])
-def test_an_image_that_does_not_exist_fails_the_step_within_seconds(api_client, ns, real_node, policy):
+def test_an_image_that_does_not_exist_fails_the_step_within_seconds(kube_client, api_client, ns, real_node, policy):
     image = f"kfp-trainer.test/does-not-exist:{policy.lower()}"
     inp = probe_job(ns, image, ["exit", "0"])
     if policy == "Never":
         inp = inp.model_copy(update={"runtime": RUNTIME + "-never"})
     t0 = time.monotonic()
     with pytest.raises(CannotStartError) as err:
-        launch(api_client, inp, start_timeout=600)
+        launch(kube_client, inp, start_timeout=600)
     took = time.monotonic() - t0
     print(f"{policy}: pull failure reported after {took:.1f} s")
     expected = {"IfNotPresent": "ErrImagePull", "Never": "ErrImageNeverPull"}[policy]
@@ -114,11 +114,11 @@ def test_an_image_that_does_not_exist_fails_the_step_within_seconds(api_client, 
     assert took < 45, f"took {took:.0f} s"
 
 
-def test_a_crashing_rank_shows_its_last_lines_and_exit_code(api_client, ns, real_node):
+def test_a_crashing_rank_shows_its_last_lines_and_exit_code(kube_client, api_client, ns, real_node):
     args = ["lines", "5", "+", "exit-if", "JOB_COMPLETION_INDEX", "1", "3", "+", "sleep", "60"]
     inp = probe_job(ns, real_node.image("probe"), args, num_nodes=2)
     with pytest.raises(JobFailedError) as err:
-        launch(api_client, inp, start_timeout=120, run_timeout=120)
+        launch(kube_client, inp, start_timeout=120, run_timeout=120)
     text = str(err.value)
     assert "exit 3 (Error)" in text, text
     crashed = next(line for line in text.splitlines() if "exit 3" in line)

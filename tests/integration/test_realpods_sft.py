@@ -36,7 +36,9 @@ def trainer_image(real_node):
     return images.import_into("trainer", str(real_node.containerd.socket))[0].ref
 
 
-def test_sft_trains_on_two_real_nodes_with_torchrun_and_writes_the_model_to_the_workspace(api_client, namespace, real_node, trainer_image):
+def test_sft_trains_on_two_real_nodes_with_torchrun_and_writes_the_model_to_the_workspace(
+    kube_client, api_client, namespace, real_node, trainer_image
+):
     core = client.CoreV1Api(api_client)
     t0 = time.monotonic()
     prepare_claim(core, namespace, trainer_image, "builtin://datasets/addition", "builtin://models/tiny-char-lm")
@@ -61,7 +63,7 @@ def test_sft_trains_on_two_real_nodes_with_torchrun_and_writes_the_model_to_the_
     )
     out = io.StringIO()
     t1 = time.monotonic()
-    outcome = Launcher(KubernetesBackend(api_client, namespace=namespace), LaunchOptions(start_timeout=180, run_timeout=240), out=out).run(
+    outcome = Launcher(KubernetesBackend(kube_client, namespace=namespace), LaunchOptions(start_timeout=180, run_timeout=240), out=out).run(
         inp
     )
     trained = time.monotonic() - t1

@@ -48,7 +48,7 @@ def runtime_with_local_image(namespace: str, image: str) -> dict:
     return rt
 
 
-def test_trl_sft_runs_on_two_real_nodes_on_the_shipped_runtime(api_client, namespace, real_node, trainer_image):
+def test_trl_sft_runs_on_two_real_nodes_on_the_shipped_runtime(kube_client, api_client, namespace, real_node, trainer_image):
     core = client.CoreV1Api(api_client)
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(
         GROUP, VERSION, namespace, "trainingruntimes", runtime_with_local_image(namespace, trainer_image)
@@ -73,7 +73,7 @@ def test_trl_sft_runs_on_two_real_nodes_on_the_shipped_runtime(api_client, names
         tolerations=placement["tolerations"],
     )
     out = io.StringIO()
-    backend = KubernetesBackend(api_client, namespace=namespace)
+    backend = KubernetesBackend(kube_client, namespace=namespace)
     outcome = Launcher(backend, LaunchOptions(start_timeout=180, run_timeout=300), out=out).run(inp)
     log = out.getvalue()
     assert outcome.succeeded, log[-4000:]

@@ -120,12 +120,13 @@ def _protojson_number(text: str) -> float | int:
     return int(value) if value.is_integer() else value
 
 
-def _step_trainjob(api_client, namespace: str, component, params: dict, root: Path, monkeypatch) -> dict:
+def _step_trainjob(api_client, kube_client, namespace: str, component, params: dict, root: Path, monkeypatch) -> dict:
     """The TrainJob a component's step creates, as the API server stored it."""
     from kfp.dsl import executor as kfp_executor
 
     monkeypatch.setattr(
-        "kfp_trainer.backends.select_backend", lambda kind="auto", **kw: KubernetesBackend(api_client, namespace=namespace, watch_timeout=2)
+        "kfp_trainer.backends.select_backend",
+        lambda kind="auto", **kw: KubernetesBackend(kube_client, namespace=namespace, watch_timeout=2),
     )
     context = {"run_id": str(uuid.uuid4()), "task_name": "fn", "task_id": "4711", "backend": "kubernetes", "start_timeout": 1.0}
     body = _executor_input(component, {**params, **context}, root)
@@ -154,7 +155,7 @@ def _component_for(func, runtime: str, trainer: dict):
 
 @pytest.mark.parametrize("cases", [FUNCTION_CASES, CUSTOM_CASES], ids=["new", "test_sdk_interop"])
 def test_trainjob_component_steps_create_the_sdks_custom_trainer_trainjob(
-    api_client, cluster, namespace, sdk_python, tmp_path, monkeypatch, cases  # noqa: F811
+    kube_client, api_client, cluster, namespace, sdk_python, tmp_path, monkeypatch, cases  # noqa: F811
 ):
     driver = _driver_functions()
     request = [{"id": cid, "kind": "custom", **({"module": FUNCTIONS} if cases is FUNCTION_CASES else {}), **case}
@@ -166,7 +167,8 @@ def test_trainjob_component_steps_create_the_sdks_custom_trainer_trainjob(
         (tmp_path / cid).mkdir()
         try:
             component = _component_for(func, case["runtime"], case["trainer"])
-            job = _step_trainjob(api_client, namespace, component, case["trainer"].get("func_args") or {}, tmp_path / cid, monkeypatch)
+            args = case["trainer"].get("func_args") or {}
+            job = _step_trainjob(api_client, kube_client, namespace, component, args, tmp_path / cid, monkeypatch)
         except (TypeError, ValueError, AssertionError) as e:  # the component cannot be made, or its step created no TrainJob
             failures.append(f"case {cid}: {type(e).__name__}: {e}")
             continue

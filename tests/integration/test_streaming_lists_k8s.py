@@ -5,6 +5,7 @@ a server that refuses them."""
 from __future__ import annotations
 
 import pytest
+from k8s_objects import kube_client
 from kubernetes import client
 from test_launcher_k8s import inputs, launch
 from testcluster import PodScript
@@ -24,7 +25,7 @@ def test_the_session_cluster_runs_kubernetes_1_36(api_client):
 
 
 def test_a_watch_with_initial_events_gets_a_streaming_list(cluster):
-    with cluster.api_client() as api:
+    with kube_client(cluster.kubeconfig) as api:
         before = dict(list_counts)
         next(e for e in watch(api, "/api/v1/namespaces/default/configmaps", [], initial_events=True, timeout_seconds=5) if e)
         assert counts_since(before) == {"streaming": 1, "list": 0, "refused": 0}
@@ -32,7 +33,7 @@ def test_a_watch_with_initial_events_gets_a_streaming_list(cluster):
 
 
 def test_the_launcher_follows_a_job_with_streaming_lists_only(cluster, namespace):
-    with cluster.api_client() as api:
+    with kube_client(cluster.kubeconfig) as api:
         before = dict(list_counts)
         outcome, out = launch(api, inputs(namespace), PodScript(lines=["step 1", "done"]))
         assert outcome.succeeded and "done" in out

@@ -80,6 +80,16 @@ def api_client(cluster):
     api.close()
 
 
+@pytest.fixture(scope="module")
+def kube_client(cluster):
+    """The backend's own client for this module's cluster."""
+    from k8s_objects import kube_client as make
+
+    api = make(cluster.kubeconfig)
+    yield api
+    api.close()
+
+
 def _inputs(namespace: str, task: str = "train", **kw) -> TrainJobInputs:
     return TrainJobInputs(run_id=f"run-{task}-{time.time_ns()}", task_name=task, namespace=namespace, **kw)
 
@@ -92,8 +102,8 @@ def _trainjobs(api, namespace: str) -> list[dict]:
     return client.CustomObjectsApi(api).list_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, spec.PLURAL)["items"]
 
 
-def test_the_launcher_detects_the_releases_trainer_api(cluster, api_client, namespace):
-    backend = _backend(api_client, namespace)
+def test_the_launcher_detects_the_releases_trainer_api(kube_client, cluster, api_client, namespace):
+    backend = _backend(kube_client, namespace)
     assert backend.detect_api_version() == API_OF[cluster.trainer_version]
     job = Launcher(backend, out=io.StringIO()).prepare(_inputs(namespace, node_selector={"a": "b"}))
     manifest, api_version = job.manifest, job.api_version
@@ -103,10 +113,10 @@ def test_the_launcher_detects_the_releases_trainer_api(cluster, api_client, name
     assert _trainjobs(api_client, namespace) == []
 
 
-def test_every_rendered_variant_passes_the_releases_schema_and_webhooks(cluster, api_client, namespace):
+def test_every_rendered_variant_passes_the_releases_schema_and_webhooks(kube_client, cluster, api_client, namespace):
     """Server-side dry runs of every variant (plain, every override, initializers, another
     runtime, env from a Secret, a merge patch) in the API the launcher detects."""
-    backend = _backend(api_client, namespace)
+    backend = _backend(kube_client, namespace)
     api_version = backend.detect_api_version()
     custom = client.CustomObjectsApi(api_client)
     for i, variant in enumerate(test_launcher_k8s.VARIANTS):
@@ -121,7 +131,7 @@ def test_every_rendered_variant_passes_the_releases_schema_and_webhooks(cluster,
         )
 
 
-def test_a_function_trainer_runs_on_the_release(cluster, api_client, namespace):
+def test_a_function_trainer_runs_on_the_release(kube_client, cluster, api_client, namespace):
     """A Python function rendered as the SDK's CustomTrainer renders it, launched on the release."""
     runtime = client.CustomObjectsApi(api_client).get_cluster_custom_object(
         spec.GROUP, spec.VERSION, "clustertrainingruntimes", "torch-distributed"
@@ -139,7 +149,7 @@ def test_a_function_trainer_runs_on_the_release(cluster, api_client, namespace):
         pod_annotations=PodScript(lines=lines).annotations(),
     )
     out = io.StringIO()
-    outcome = Launcher(_backend(api_client, namespace), LaunchOptions(blocker_check_interval=1.0), out=out).run(inp)
+    outcome = Launcher(_backend(kube_client, namespace), LaunchOptions(blocker_check_interval=1.0), out=out).run(inp)
     assert outcome.succeeded and outcome.metrics.final()["loss"] == 0.25
     node = next(c for c in pods(api_client, namespace, outcome.ref.name)[0].spec.containers if c.name == "node")
     assert node.command == trainer["command"] and node.resources.limits == {"cpu": "2"}
@@ -155,7 +165,7 @@ def _env_on_node_patch(api_version: str) -> dict:
     return {"spec": {"runtimePatches": [patch]}}
 
 
-def test_the_launcher_refuses_env_on_the_node_container_as_the_releases_webhook_does(cluster, api_client, namespace):
+def test_the_launcher_refuses_env_on_the_node_container_as_the_releases_webhook_does(kube_client, cluster, api_client, namespace):
     """The release's webhook refuses env set on the node container through its override field;
     the launcher predicts it and refuses the patch before anything is created."""
     api_version = API_OF[cluster.trainer_version]
@@ -172,16 +182,16 @@ def test_the_launcher_refuses_env_on_the_node_container_as_the_releases_webhook_
     assert "must not have envs for the dataset-initializer, model-initializer, node containers" in info.value.body
     # The launcher's prediction: a clear error naming the field, nothing sent.
     with pytest.raises(InvalidSpecErrors, match="no env (patch|override) on the node or initializer containers"):
-        Launcher(_backend(api_client, namespace), out=io.StringIO()).run(inp)
+        Launcher(_backend(kube_client, namespace), out=io.StringIO()).run(inp)
     assert _trainjobs(api_client, namespace) == []
 
 
-def test_forcing_the_other_api_says_which_one_the_release_serves(cluster, api_client, namespace):
+def test_forcing_the_other_api_says_which_one_the_release_serves(kube_client, cluster, api_client, namespace):
     served = API_OF[cluster.trainer_version]
     other = "v2.2" if served == "v2.1" else "v2.1"
     inp = _inputs(namespace, node_selector={"a": "b"})
     with pytest.raises(RejectedError, match=f"use api_version auto or {served}"):
-        Launcher(_backend(api_client, namespace, api_version=other), out=io.StringIO()).run(inp)
+        Launcher(_backend(kube_client, namespace, api_version=other), out=io.StringIO()).run(inp)
     assert _trainjobs(api_client, namespace) == []
 
 
@@ -193,7 +203,7 @@ def _torchtune_claim(api, namespace: str, version: str, runtime: str) -> None:
         client.CoreV1Api(api).create_namespaced_persistent_volume_claim(namespace, body)
 
 
-def test_torchtune_initializers_run_before_the_trainer_on_the_release(cluster, api_client, namespace):
+def test_torchtune_initializers_run_before_the_trainer_on_the_release(kube_client, cluster, api_client, namespace):
     runtime = "torchtune-llama3.2-1b"
     _torchtune_claim(api_client, namespace, cluster.trainer_version, runtime)
     inp = _inputs(
@@ -205,7 +215,7 @@ def test_torchtune_initializers_run_before_the_trainer_on_the_release(cluster, a
         pod_annotations=PodScript(lines=["downloaded"]).annotations(),
     )
     out = io.StringIO()
-    outcome = Launcher(_backend(api_client, namespace), LaunchOptions(blocker_check_interval=1.0), out=out).run(inp)
+    outcome = Launcher(_backend(kube_client, namespace), LaunchOptions(blocker_check_interval=1.0), out=out).run(inp)
     assert outcome.succeeded and "downloaded" in out.getvalue().splitlines()
     name = outcome.ref.name
     jobs = {j.metadata.name: j for j in client.BatchV1Api(api_client).list_namespaced_job(namespace).items}
@@ -216,11 +226,11 @@ def test_torchtune_initializers_run_before_the_trainer_on_the_release(cluster, a
         assert {e.name: e.value for e in job.spec.template.spec.containers[0].env}["STORAGE_URI"] == uri
 
 
-def test_a_torchtune_rule_of_the_releases_webhook_is_a_clear_user_error(cluster, api_client, namespace):
+def test_a_torchtune_rule_of_the_releases_webhook_is_a_clear_user_error(kube_client, cluster, api_client, namespace):
     """Every release refuses two nodes for a single-node torchtune model once the processes per
     node are set (v2.1.0 checks torchtune jobs only then: it has no defaulting webhook)."""
     inp = _inputs(namespace, runtime="torchtune-llama3.2-1b", command=["tune", "run"], num_nodes=2, num_proc_per_node=1)
     with pytest.raises(RejectedError) as info:
-        Launcher(_backend(api_client, namespace), out=io.StringIO()).run(inp)
+        Launcher(_backend(kube_client, namespace), out=io.StringIO()).run(inp)
     assert "spec.trainer.numNodes" in str(info.value) and "must be 1 for llama3_2/1B model" in str(info.value)
     assert _trainjobs(api_client, namespace) == []

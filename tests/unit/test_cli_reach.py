@@ -200,8 +200,9 @@ def test_a_server_certificate_the_kubeconfig_does_not_trust_is_one_line(tmp_path
 def test_a_server_that_never_answers_is_a_timeout_in_one_line(tmp_path, silent_port):
     config = write_kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{silent_port}")
     started = time.monotonic()
+    api = connect(str(config), timeout=1.0)  # nothing is sent yet
     with pytest.raises(ClusterUnreachableError) as caught:
-        connect(str(config), timeout=1.0)
+        api.request("GET", "/version", timeout=(30, 30))  # the first request's connect timeout is the command line's
     assert time.monotonic() - started < FAST
     assert "no answer within 1 s" in str(caught.value) and "\n" not in str(caught.value)
     assert caught.value.exit_code == EXIT_INFRA
@@ -260,10 +261,9 @@ def test_credentials_the_api_server_refuses_are_one_line_and_exit_2(tmp_path, st
     assert asked and all("/namespaces/team/" in path for path in asked), Refusing.seen
 
 
-def test_the_check_adds_no_request_and_the_first_request_reuses_its_connection(tmp_path):
-    from kfp_trainer.backends.kube.api import request
-
+def test_the_check_adds_no_request_and_the_first_request_opens_the_connection_the_next_reuse(tmp_path):
     counted = {"connections": 0, "requests": 0}
+    paths: list[str] = []
 
     class Counting(http.server.ThreadingHTTPServer):
         def get_request(self):
@@ -275,6 +275,7 @@ def test_the_check_adds_no_request_and_the_first_request_reuses_its_connection(t
 
         def do_GET(self) -> None:  # noqa: N802
             counted["requests"] += 1
+            paths.append(self.path)
             body = b'{"major": "1", "minor": "36", "gitVersion": "v1.36.0"}'
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -289,13 +290,11 @@ def test_the_check_adds_no_request_and_the_first_request_reuses_its_connection(t
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         api = connect(str(write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{server.server_address[1]}")))
-        deadline = time.monotonic() + 5
-        while counted["connections"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert counted == {"connections": 1, "requests": 0}
-        assert request(api, "/version", [], timeout=5)["gitVersion"] == "v1.36.0"
-        assert request(api, "/version", [], timeout=5)["minor"] == "36"
-        assert counted == {"connections": 1, "requests": 2}
+        time.sleep(0.2)
+        assert counted == {"connections": 0, "requests": 0}
+        assert api.request("GET", "/apis", timeout=5)["gitVersion"] == "v1.36.0"
+        assert api.request("GET", "/api", timeout=5)["minor"] == "36"
+        assert counted == {"connections": 1, "requests": 2} and paths == ["/apis", "/api"]
     finally:
         server.shutdown()
         server.server_close()

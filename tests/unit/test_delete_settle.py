@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from kubernetes import client
-
 from kfp_trainer.backends.kube import lifecycle
+from kfp_trainer.backends.kube.client import Client
+from kfp_trainer.backends.kube.credentials import Credentials
 from kfp_trainer.jobstatus import JobRef
 
 
@@ -24,7 +24,7 @@ def test_pods_made_just_after_the_last_one_went_are_waited_for(monkeypatch):
 
     monkeypatch.setattr(lifecycle, "wait_gone", wait_gone)
     monkeypatch.setattr(lifecycle, "POD_SETTLE", 0.01)
-    life = lifecycle.Lifecycle(client.ApiClient())
+    life = lifecycle.Lifecycle(Client(Credentials("http://127.0.0.1:9")))
     left = life._wait_tree(JobRef("ns", "train-x", "u1"), time.monotonic() + 5, tree=True)
     assert calls == ["trainjobs", "jobsets", "jobs", "pods", "pods"]
     assert [(x.kind, x.name) for x in left] == [("Pod", "train-x-node-0-0-new")]
@@ -33,6 +33,6 @@ def test_pods_made_just_after_the_last_one_went_are_waited_for(monkeypatch):
 def test_no_second_look_once_the_bound_has_passed(monkeypatch):
     calls: list[str] = []
     monkeypatch.setattr(lifecycle, "wait_gone", lambda api, path, selectors, *, timeout, keep, cancellable=False: calls.append(path) or [])
-    life = lifecycle.Lifecycle(client.ApiClient())
+    life = lifecycle.Lifecycle(Client(Credentials("http://127.0.0.1:9")))
     assert life._wait_tree(JobRef("ns", "train-x", "u1"), time.monotonic() - 1, tree=True) == []
     assert len(calls) == 4

@@ -148,30 +148,22 @@ def test_a_pull_that_may_work_later_is_waited_out():
 
 
 def test_the_diagnosis_names_the_node_and_container_of_a_failed_pod():
-    from kubernetes import client
-
     from kfp_trainer.backends.kube.inspect import pod_summary
 
     def status(name, **state):
-        return client.V1ContainerStatus(
-            name=name, image="i", image_id="", ready=False, restart_count=1, state=client.V1ContainerState(**state)
-        )
+        return {"name": name, "image": "i", "ready": False, "restartCount": 1, "state": state}
 
-    crashed = status("node", waiting=client.V1ContainerStateWaiting(reason="CrashLoopBackOff"))
-    crashed.last_state = client.V1ContainerState(terminated=client.V1ContainerStateTerminated(exit_code=137, reason="OOMKilled"))
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(name="train-abc-node-0-1-x"),
-        spec=client.V1PodSpec(containers=[], node_name="gpu-7"),
-        status=client.V1PodStatus(
-            phase="Running", container_statuses=[status("sidecar", running=client.V1ContainerStateRunning()), crashed]
-        ),
-    )
+    crashed = {**status("node", waiting={"reason": "CrashLoopBackOff"}),
+               "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}  # fmt: skip
+    pod = {
+        "metadata": {"name": "train-abc-node-0-1-x"},
+        "spec": {"containers": [], "nodeName": "gpu-7"},
+        "status": {"phase": "Running", "containerStatuses": [status("sidecar", running={}), crashed]},
+    }
     line, failing = pod_summary(pod)
     assert line == "  train-abc-node-0-1-x: Running on node gpu-7; sidecar: running, restarts 1; node: exit 137 (OOMKilled), restarts 1"
     assert failing == ("train-abc-node-0-1-x", "node", True)  # its log: the previous instance's
-    unscheduled = client.V1Pod(
-        metadata=client.V1ObjectMeta(name="p"), spec=client.V1PodSpec(containers=[]), status=client.V1PodStatus(phase="Pending")
-    )
+    unscheduled = {"metadata": {"name": "p"}, "spec": {"containers": []}, "status": {"phase": "Pending"}}
     assert pod_summary(unscheduled) == ("  p: Pending; ", None)
 
 

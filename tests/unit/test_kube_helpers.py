@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import urllib3
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from kfp_trainer.backends.base import RuntimeInfo, Submission, trainjob_status
 from kfp_trainer.backends.kube.api import Conflict, Gone, NotFound, RetryPolicy, call
+from kfp_trainer.backends.kube.apierrors import APIError, TransportError
+from kfp_trainer.backends.kube.apierrors import api_error as answer
+from kfp_trainer.backends.kube.client import Client
+from kfp_trainer.backends.kube.credentials import Credentials
 from kfp_trainer.backends.kube.job import KubeJob
 from kfp_trainer.backends.kube.logs import _Cursor
 from kfp_trainer.backends.kubernetes import KubernetesBackend
@@ -19,10 +18,8 @@ from kfp_trainer.jobstatus import JobRef, Phase
 from kfp_trainer.timestamps import parse_timestamp
 
 
-def api_error(status: int, message: str = "boom", causes=None) -> ApiException:
-    e = ApiException(status=status, reason="Reason")
-    e.body = json.dumps({"message": message, "details": {"causes": causes or []}})
-    return e
+def api_error(status: int, message: str = "boom", causes=None) -> APIError:
+    return answer(status, {"kind": "Status", "reason": "Reason", "message": message, "details": {"causes": causes or []}})
 
 
 @pytest.mark.parametrize(
@@ -44,9 +41,10 @@ def test_user_side_errors_are_mapped_and_not_retried(raised, expected):
         calls.append(1)
         raise raised
 
-    with pytest.raises(expected):
+    with pytest.raises(expected) as info:
         call(fn, what="x", sleep=lambda s: None)
     assert len(calls) == 1
+    assert info.value.answer is raised  # the server's status, reason and details stay with the error
 
 
 def test_rejection_message_carries_the_field_causes():
@@ -69,10 +67,9 @@ def test_forbidden_points_at_the_rbac_manifest():
         api_error(500),
         api_error(503),
         api_error(429),
-        urllib3.exceptions.ProtocolError("reset"),
-        urllib3.exceptions.MaxRetryError(None, "/", "refused"),
-        ConnectionRefusedError(),
-        TimeoutError(),
+        TransportError("GET /x: connection reset"),
+        TransportError("GET /x: connection refused"),
+        TransportError("GET /x: read timed out"),
     ],
 )
 def test_transient_errors_are_retried_then_infra_error(raised):
@@ -89,7 +86,7 @@ def test_transient_errors_are_retried_then_infra_error(raised):
 
 
 def test_transient_then_success():
-    results = iter([urllib3.exceptions.ProtocolError("reset"), "ok"])
+    results = iter([TransportError("reset"), "ok"])
 
     def fn():
         r = next(results)
@@ -100,8 +97,8 @@ def test_transient_then_success():
     assert call(fn, what="x", sleep=lambda s: None) == "ok"
 
 
-def test_library_exceptions_never_leak():
-    for raised in (api_error(418), urllib3.exceptions.ReadTimeoutError(None, "/", "t"), OSError("x")):
+def test_client_exceptions_never_leak():
+    for raised in (api_error(418), TransportError("GET /x: read timed out")):
         with pytest.raises(KfpTrainerError):
             call(lambda r=raised: (_ for _ in ()).throw(r), what="x", policy=RetryPolicy(attempts=1), sleep=lambda s: None)
 
@@ -143,7 +140,7 @@ def test_trainjob_status_classification():
 
 
 def test_each_submitted_job_keeps_the_runtime_it_was_rendered_for_in_its_own_handle(monkeypatch):
-    backend = KubernetesBackend(client.ApiClient(), namespace="ns")
+    backend = KubernetesBackend(Client(Credentials("http://127.0.0.1:9")), namespace="ns")
     created = {"metadata": {"name": "a", "namespace": "ns", "uid": "u", "resourceVersion": "7", "creationTimestamp": "t0"}}
 
     def submit(manifest, namespace):

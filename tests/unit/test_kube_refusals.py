@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from kfp_trainer.backends.kube.api import call
+from kfp_trainer.backends.kube.apierrors import APIError, api_error
 from kfp_trainer.backends.kube.discovery import version_mismatch
 from kfp_trainer.errors import ForbiddenError, RejectedError
 
 
-def refused(status: int, message: str) -> ApiException:
-    e = ApiException(status=status, reason="x")
-    e.body = json.dumps({"kind": "Status", "message": message})
-    return e
+def refused(status: int, message: str, reason: str = "x") -> APIError:
+    return api_error(status, {"kind": "Status", "reason": reason, "message": message})
 
 
-def attempts_until_error(raised: ApiException):
+def attempts_until_error(raised: APIError):
     calls = []
 
     def fn():
@@ -85,5 +81,12 @@ def test_an_ordinary_server_error_is_still_retried():
     ],
 )
 def test_a_manifest_for_the_other_trainer_api_gets_a_clear_hint(message, advice):
-    hint = version_mismatch(message)
+    hint = version_mismatch(refused(400, f'TrainJob in version "v1alpha1" cannot be handled as a TrainJob: {message}', "BadRequest"))
     assert (advice in hint) if advice else hint is None
+
+
+def test_only_a_strict_decoding_refusal_is_read_as_a_version_mismatch():
+    said = 'admission webhook "x" denied the request: unknown field "spec.runtimePatches" is what someone typed'
+    assert version_mismatch(refused(403, said)) is None
+    assert version_mismatch(refused(400, said)) is None
+    assert version_mismatch(None) is None

@@ -6,9 +6,10 @@ import json
 
 import pytest
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from kfp_trainer.backends.kube.api import RetryPolicy
+from kfp_trainer.backends.kube.apierrors import TransportError, api_error
+from kfp_trainer.backends.kube.client import Stream
 from kfp_trainer.backends.kube.watch import Handle, wait_gone, watch
 from kfp_trainer.errors import InfraError
 
@@ -32,24 +33,26 @@ class Body:
     def release_conn(self):
         pass
 
+    def close(self):
+        pass
+
     def shutdown(self):
         pass
 
 
 class FakeApi:
-    """Answers each request from a script: a dict (list body), a Body (watch), or an exception."""
+    """Answers each request from a script: a dict (list body), a Body (watch, read by the client's Stream), or an exception."""
 
     def __init__(self, script) -> None:
         self.script = list(script)
         self.requests: list[dict] = []
 
-    def call_api(self, path, method, query_params=(), _preload_content=True, **kwargs):
-        query = dict(query_params)
-        self.requests.append({"path": path, "method": method, **query})
+    def request(self, method, path, *, query=None, stream=False, **kwargs):
+        self.requests.append({"path": path, "method": method, **{k: str(v) for k, v in dict(query or []).items()}})
         answer = self.script.pop(0)
         if isinstance(answer, BaseException):
             raise answer
-        return answer
+        return Stream(answer, f"{method} {path}") if stream else answer
 
 
 def take(iterator, n):
@@ -78,7 +81,7 @@ def test_hours_of_reconnects_never_exhaust_the_failure_budget():
 
 def test_failures_in_a_row_give_up_with_an_infra_error():
     policy = RetryPolicy(attempts=3, base=0.01)
-    refused = urllib3.exceptions.MaxRetryError(None, "/x", "refused")
+    refused = TransportError("GET /x: connection refused")
     api = FakeApi([refused] * 3)
     with pytest.raises(InfraError, match="gave up after 2 failed reconnects"):
         list(watch(api, "/x", [], resource_version="5", policy=policy, sleep=lambda s: None))
@@ -146,8 +149,8 @@ def test_a_stream_cut_before_the_initial_events_end_starts_the_list_again_and_re
 
 
 def test_a_server_that_refuses_streaming_lists_is_listed_from_then_on():
-    refused = ApiException(status=422, reason="Unprocessable Entity")
-    refused.body = json.dumps({"message": 'ListOptions.meta.k8s.io "" is invalid: sendInitialEvents: Forbidden: not enabled'})
+    said = 'ListOptions.meta.k8s.io "" is invalid: sendInitialEvents: Forbidden: not enabled'
+    refused = api_error(422, {"reason": "Invalid", "message": said})
     api = FakeApi([refused, LIST, Body([EXPIRED]), LIST, Body([])])
     events = [e for e in take(watch(api, "/x", [], initial_events=True, sleep=lambda s: None), 3) if e is not None]
     assert events == [("LIST", {"items": [POD]}), ("LIST", {"items": [POD]})]

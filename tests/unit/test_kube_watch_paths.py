@@ -3,11 +3,9 @@ counted in ``watch.list_counts``; the version-skew integration tests read it."""
 
 from __future__ import annotations
 
-import json
-
-from kubernetes.client.exceptions import ApiException
 from test_kube_watch import LIST, POD, Body, FakeApi, initial_events_end, take
 
+from kfp_trainer.backends.kube.apierrors import api_error
 from kfp_trainer.backends.kube.watch import list_counts, streaming_lists_refused, watch
 
 
@@ -24,9 +22,8 @@ def test_a_streaming_list_is_counted_as_streaming():
 
 
 def test_a_refused_streaming_list_is_counted_and_remembered_for_the_client():
-    refused = ApiException(status=422, reason="Unprocessable Entity")
     gate = "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"
-    refused.body = json.dumps({"message": gate})
+    refused = api_error(422, {"reason": "Invalid", "message": gate})
     api = FakeApi([refused, LIST])
     assert counted(lambda: take(watch(api, "/x", [], initial_events=True, sleep=lambda s: None), 1)) == {"refused": 1, "list": 1}
     assert streaming_lists_refused(api)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from kfp_trainer.backends.base import LogLine
+from kfp_trainer.backends.kube.apierrors import api_error
 from kfp_trainer.backends.kube.cache import ObjectCache
+from kfp_trainer.backends.kube.client import Stream
 from kfp_trainer.backends.kube.logs import NodeLogFollower, _terminated
 
 LABELS = {
@@ -47,6 +47,9 @@ class Body:
     def release_conn(self):
         pass
 
+    def close(self):
+        pass
+
     def shutdown(self):
         self.closed.set()
 
@@ -58,12 +61,12 @@ class LogServer:
         self.answers = list(answers)
         self.requests: list[dict] = []
 
-    def call_api(self, path, method, query_params=(), **kwargs):
-        self.requests.append(dict(query_params))
+    def request(self, method, path, *, query=None, stream=False, **kwargs):
+        self.requests.append(dict(query or []))
         answer = self.answers.pop(0)
         if isinstance(answer, BaseException):
             raise answer
-        return answer
+        return Stream(answer, f"{method} {path}")
 
 
 class Pods(ObjectCache):
@@ -154,10 +157,8 @@ def test_a_quiet_stream_that_times_out_resumes_from_its_cursor():
 
 
 def test_a_forbidden_log_is_reported_once_and_not_retried(caplog):
-    denied = ApiException(status=403, reason="Forbidden")
-    denied.body = json.dumps(
-        {"message": 'pods "tj-node-0-0-abcde" is forbidden: User "u" cannot get resource "pods/log" in API group "" in the namespace "ns"'}
-    )
+    said = 'pods "tj-node-0-0-abcde" is forbidden: User "u" cannot get resource "pods/log" in API group "" in the namespace "ns"'
+    denied = api_error(403, {"reason": "Forbidden", "message": said})
     server = LogServer([denied])
     with caplog.at_level(logging.WARNING):
         _, thread, stop, _ = follower(server, Pods(pod("running")))

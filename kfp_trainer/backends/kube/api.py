@@ -1,7 +1,8 @@
 """Calls to the Kubernetes API with one error mapping and one retry policy.
 
-Every API call of the Kubernetes backend goes through :func:`call`, which turns the client
-library's exceptions into this package's errors (the library's never leak out):
+Every API call of the Kubernetes backend goes through :func:`call`, which turns the client's
+errors (:mod:`.apierrors`) into this package's, in one place (:func:`translate`); the mapped
+error keeps the server's answer as ``answer`` (status, reason, message, details):
 
 * 400/422 -> :class:`RejectedError` (the server's field causes in the message);
 * a denial by an admission webhook, a ValidatingAdmissionPolicy or a ResourceQuota (403,
@@ -9,36 +10,34 @@ library's exceptions into this package's errors (the library's never leak out):
   cluster's policy refused the object, no permission is missing;
 * an object too large for the API server or etcd (413, or a 500 "request is too large")
   -> :class:`RejectedError`: the user's to fix, never retried;
-* any other 401/403 -> :class:`ForbiddenError` (an RBAC permission is missing);
+* any other 401/403 -> :class:`ForbiddenError` (an RBAC permission is missing; a 401 comes
+  after the client read its credentials again once);
 * 404 -> :class:`NotFound`, 409 -> :class:`Conflict`, 410 -> :class:`Gone`: answers the
   caller handles;
-* 429, other 5xx, timeouts, refused or reset connections -> :class:`InfraError`, retried with
-  exponential backoff (capped) until the policy's attempts run out.
+* 429, other 5xx, and requests that got no answer (refused, reset, timed out) ->
+  :class:`InfraError`, retried per :class:`RetryPolicy` until its attempts run out.
+
+:class:`RetryPolicy` is the one backoff of the backend: :func:`call` between attempts, the
+watch between reconnects, a bounded wait between relists.
 
 Example:
-    >>> RetryPolicy(attempts=3, base=0.5).delays()
-    [0.5, 1.0]
+    >>> policy = RetryPolicy(attempts=3, base=0.5, cap=15.0)
+    >>> 0.25 <= policy.pause(0) <= 0.75, 0.5 <= policy.pause(1) <= 1.5, policy.pause(9, retry_after=20.0)
+    (True, True, 15.0)
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import urllib3
+from typing import Any, TypeVar
 
 from ...errors import ForbiddenError, InfraError, KfpTrainerError, RejectedError
-from .rest import ApiException
-
-if TYPE_CHECKING:
-    from .rest import Client as ApiClient
+from .apierrors import APIError, TransportError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,53 +47,43 @@ _POLICY_DENIAL = ("admission webhook", "denied the request", "ValidatingAdmissio
 _TOO_LARGE = ("request is too large", "entity too large", "too large", "larger than max")
 
 
-class NotFound(KfpTrainerError):
+class ServerAnswer(KfpTrainerError):
+    """An answer of the API server the caller handles itself; ``answer`` keeps its status, reason and details."""
+
+    def __init__(self, message: str, answer: APIError | None = None) -> None:
+        super().__init__(message)
+        self.answer = answer
+
+    @property
+    def reason(self) -> str:
+        """The server's reason (``NotFound``, ``AlreadyExists``, ``Conflict``, ``Expired`` ...), ``""`` when none."""
+        return self.answer.reason if self.answer is not None else ""
+
+
+class NotFound(ServerAnswer):
     """HTTP 404 from the API server."""
 
 
-class Conflict(KfpTrainerError):
-    """HTTP 409 from the API server (already exists, or a stale update)."""
+class Conflict(ServerAnswer):
+    """HTTP 409 from the API server (``AlreadyExists``, or a failed precondition or stale update: ``Conflict``)."""
 
 
-class Gone(KfpTrainerError):
+class Gone(ServerAnswer):
     """HTTP 410: the requested resourceVersion is too old; relist."""
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often and how patiently transient failures are retried."""
+    """How often and how patiently transient failures are retried: exponential backoff, capped, with jitter."""
 
     attempts: int = 8
     base: float = 0.5
     cap: float = 15.0
 
-    def delays(self) -> list[float]:
-        """Sleep before each retry (without jitter)."""
-        return [min(self.cap, self.base * 2**i) for i in range(self.attempts - 1)]
-
-
-def is_api_error(e: BaseException) -> bool:
-    """Whether ``e`` is an answer of the API server outside 2xx: this package's client's, or the client library's."""
-    if isinstance(e, ApiException):
-        return True
-    library = sys.modules.get("kubernetes.client.exceptions")  # not loaded: none of its errors can exist
-    return library is not None and isinstance(e, library.ApiException)
-
-
-def server_message(e: Any) -> str:
-    """The API server's own explanation from an error body (with field causes when given)."""
-    try:
-        body = json.loads(e.body or "{}")
-    except (TypeError, ValueError):
-        return (str(e.body or e.reason or "")).strip()
-    if not isinstance(body, dict):
-        return str(body)
-    message = body.get("message") or e.reason or ""
-    causes = (body.get("details") or {}).get("causes") or []
-    extra = "; ".join(f"{c.get('field', '')}: {c.get('message', '')}".strip(": ") for c in causes if isinstance(c, dict))
-    if extra and extra not in message:
-        message = f"{message} ({extra})"
-    return message
+    def pause(self, retry: int, *, retry_after: float | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (0-based): its delay, jittered; at least what the server asked."""
+        delay = min(self.cap, self.base * 2**retry) * (0.5 + random.random())
+        return min(self.cap, max(delay, retry_after or 0.0))
 
 
 def too_large(status: int, message: str) -> bool:
@@ -117,40 +106,45 @@ def policy_denial(status: int, message: str) -> bool:
     return 400 <= status < 500 and any(words in message for words in _POLICY_DENIAL)
 
 
-def translate(e: BaseException, what: str) -> KfpTrainerError:
-    """Map a client-library exception to this package's error for ``what`` was attempted.
+def translate(e: APIError | TransportError, what: str) -> KfpTrainerError:
+    """This package's error for the client's error ``e`` while doing ``what``; it keeps the server's answer.
 
     Example:
-        >>> e = ApiException(status=403, reason="Forbidden")
-        >>> e.body = json.dumps({"message": "admission webhook v.example.com denied the request: no GPUs on Sundays"})
+        >>> from .apierrors import api_error
+        >>> e = api_error(403, {"message": "admission webhook v.example.com denied the request: no GPUs on Sundays"})
         >>> print(translate(e, "create TrainJob ns/x"))
         create TrainJob ns/x: refused by the cluster's policy: admission webhook v.example.com denied the request: no GPUs on Sundays
     """
-    if is_api_error(e):
-        status = getattr(e, "status", None) or 0
-        text = server_message(e)
-        message = f"{what}: {text}"
-        if too_large(status, text):
-            return RejectedError(
-                f"{what}: the API server refused the object as too large ({text}). Keep the TrainJob small: pass "
-                "large values (data, configuration files) through a volume or the pipeline workspace, not env values, args or the patch."
-            )
-        if policy_denial(status, text):
-            return RejectedError(f"{what}: refused by the cluster's policy: {text}")
-        if status in (400, 422):
-            return RejectedError(message)
-        if status == 401:
-            return ForbiddenError(f"{message}. The API server did not accept the credentials (an expired or revoked token?).")
-        if status == 403:
-            return ForbiddenError(f"{message}. {missing_permission(text)}")
-        if status == 404:
-            return NotFound(message)
-        if status == 409:
-            return Conflict(message)
-        if status == 410:
-            return Gone(message)
-        return InfraError(f"{message} (HTTP {status})")
-    return InfraError(f"{what}: {type(e).__name__}: {e}")
+    if isinstance(e, TransportError):
+        return InfraError(f"{what}: {e}")
+    error = _mapped(e, what)
+    error.answer = e
+    return error
+
+
+def _mapped(e: APIError, what: str) -> KfpTrainerError:
+    status, text = e.status, e.explanation()
+    message = f"{what}: {text}"
+    if too_large(status, text):
+        return RejectedError(
+            f"{what}: the API server refused the object as too large ({text}). Keep the TrainJob small: pass "
+            "large values (data, configuration files) through a volume or the pipeline workspace, not env values, args or the patch."
+        )
+    if policy_denial(status, text):
+        return RejectedError(f"{what}: refused by the cluster's policy: {text}")
+    if status in (400, 422):
+        return RejectedError(message)
+    if status == 401:
+        return ForbiddenError(f"{message}. The API server did not accept the credentials (an expired or revoked token?).")
+    if status == 403:
+        return ForbiddenError(f"{message}. {missing_permission(text)}")
+    if status == 404:
+        return NotFound(message, e)
+    if status == 409:
+        return Conflict(message, e)
+    if status == 410:
+        return Gone(message, e)
+    return InfraError(f"{message} (HTTP {status})")
 
 
 def missing_permission(text: str) -> str:
@@ -168,14 +162,6 @@ def missing_permission(text: str) -> str:
     return f"The pipeline's service account lacks a permission: {RBAC_HINT}."
 
 
-TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError, TimeoutError)
-
-
-def transient(e: BaseException) -> bool:
-    """Whether :func:`call` maps (and maybe retries) ``e``: an API answer or a connection error."""
-    return isinstance(e, TRANSIENT) or is_api_error(e)
-
-
 def call(
     fn: Callable[..., T],
     *args: Any,
@@ -187,7 +173,7 @@ def call(
     """Call ``fn`` and map its errors; retry the transient ones per ``policy``.
 
     Args:
-        fn: A client-library method.
+        fn: A request (``api.request``), or a function that makes one.
         *args: Its positional arguments.
         what: Short description of the call for error messages ("create TrainJob ns/x").
         policy: Retry policy for transient errors.
@@ -197,74 +183,14 @@ def call(
     Raises:
         KfpTrainerError: The mapped error (InfraError once retries are exhausted).
     """
-    delays = policy.delays()
-    for attempt in range(len(delays) + 1):
+    for attempt in range(max(1, policy.attempts)):
         try:
             return fn(*args, **kwargs)
-        except Exception as raw:
-            if not transient(raw):
-                raise
+        except (APIError, TransportError) as raw:
             error = translate(raw, what)
-            if not isinstance(error, InfraError) or attempt == len(delays):
+            if not isinstance(error, InfraError) or attempt + 1 >= policy.attempts:
                 raise error from raw
-            delay = delays[attempt] * (0.5 + random.random())
-            log.warning("%s; retrying in %.1fs (%d/%d)", error, delay, attempt + 1, len(delays))
+            delay = policy.pause(attempt, retry_after=getattr(raw, "retry_after", None))
+            log.warning("%s; retrying in %.1fs (%d/%d)", error, delay, attempt + 1, policy.attempts - 1)
             sleep(delay)
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def request(
-    api: ApiClient,
-    path: str,
-    query: list[tuple[str, Any]],
-    *,
-    timeout: float | tuple[float, float | None],
-    stream: bool = False,
-    method: str = "GET",
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-) -> Any:
-    """One request to ``path`` through the client's auth and TLS settings; raw response when streaming.
-
-    Raises:
-        ApiException: An answer outside 2xx (the client library's own is converted, so ``except TRANSIENT`` sees it).
-    """
-    try:
-        return _call_api(api, path, query, timeout=timeout, stream=stream, method=method, body=body, headers=headers)
-    except ApiException:
-        raise
-    except Exception as e:
-        if not is_api_error(e):
-            raise
-        converted = ApiException(status=getattr(e, "status", None), reason=getattr(e, "reason", None))
-        converted.body, converted.headers = getattr(e, "body", None), getattr(e, "headers", None)
-        raise converted from e
-
-
-def _call_api(
-    api: ApiClient,
-    path: str,
-    query: list[tuple[str, Any]],
-    *,
-    timeout: float | tuple[float, float | None],
-    stream: bool,
-    method: str,
-    body: Any,
-    headers: dict[str, str] | None,
-) -> Any:
-    return api.call_api(
-        path,
-        method,
-        query_params=query,
-        header_params={
-            "Accept": "application/json",
-            **({"Content-Type": "application/json"} if body is not None else {}),
-            **(headers or {}),
-        },
-        body=body,
-        auth_settings=["BearerToken"],
-        response_type="object",
-        _return_http_data_only=True,
-        _preload_content=not stream,
-        _request_timeout=timeout,
-    )

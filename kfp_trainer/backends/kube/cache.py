@@ -25,7 +25,7 @@ from .api import RetryPolicy
 from .watch import Event, Handle, watch
 
 if TYPE_CHECKING:
-    from .rest import Client as ApiClient
+    from .client import Client as ApiClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,17 +1,18 @@
-"""Reaching the API server from the command line: the kubeconfig, then one connection, each failure one line.
+"""Reaching the API server from the command line: the credentials, then the first answer, each failure one line.
 
 The launcher retries transient API errors patiently (an API server that restarts mid-run is
 routine). A command typed at a terminal must not: when the cluster cannot be reached at all it
-should say so in seconds. :func:`connect` loads the client configuration and opens one
-connection to the API server -- DNS, TCP and the TLS handshake, no HTTP request -- and hands
-that connection to the client's pool, where the first request reuses it: no request is added
-and nothing is retried. Each failure is one :class:`~kfp_trainer.errors.ClusterUnreachableError`
-(exit code 3) or, for a kubeconfig that cannot be used, one
-:class:`~kfp_trainer.errors.UserError` (exit code 2), naming the server and what to check.
+should say so in seconds. :func:`connect` reads the credentials and gives a client that fails
+fast until the API server has answered once (:class:`~.client.FirstContact`): the command's
+first request -- nothing is added to find out -- opens the connection the next requests reuse,
+within a short connect timeout; when it gets no answer it raises one
+:class:`~kfp_trainer.errors.ClusterUnreachableError` (exit code 3), not retried. Credentials that
+cannot be used are one :class:`~kfp_trainer.errors.UserError` (exit code 2). Each message names
+the server and what to check.
 
 Example:
-    >>> api = connect("~/.kube/config")   # doctest: +SKIP
-    >>> connect("/tmp/refused.kubeconfig")  # doctest: +SKIP
+    >>> api = connect("~/.kube/config")                  # doctest: +SKIP
+    >>> connect("/tmp/refused.kubeconfig").request("GET", "/version")  # doctest: +SKIP
     Traceback (most recent call last):
     ...
     kfp_trainer.errors.ClusterUnreachableError: cannot reach the API server https://127.0.0.1:1 (...): connection refused ...
@@ -22,71 +23,46 @@ from __future__ import annotations
 import errno
 import os
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ...errors import ClusterUnreachableError, KfpTrainerError, UserError
-from .kubeconfig import context_namespace, load_settings
-from .rest import Client
+from ...errors import ClusterUnreachableError, CredentialsError, UserError
+from .apierrors import TransportError
+from .client import Client, FirstContact
+from .credentials import Credentials, context_namespace, in_cluster, kubeconfig_files
+from .credentials import from_kubeconfig as kubeconfig_credentials
 
 CONNECT_TIMEOUT = 10.0
 _LOCAL_HINT = "(`--local` runs on this machine without a cluster)"
 
-
-def kubeconfig_files(kubeconfig: str | None = None) -> list[Path]:
-    """The kubeconfig files the client would read: ``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``."""
-    if kubeconfig:
-        return [Path(kubeconfig).expanduser()]
-    listed = [Path(p).expanduser() for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-    return listed or [Path("~/.kube/config").expanduser()]
+__all__ = ["connect", "kubeconfig_files", "kubeconfig_namespace", "load_credentials", "why_unreachable"]
 
 
-def load_client(kubeconfig: str | None = None, *, hint: str = _LOCAL_HINT) -> tuple[Client, str]:
-    """An API client (the pod's service account, else a kubeconfig) and where its settings came from.
+def load_credentials(kubeconfig: str | None = None, *, hint: str = _LOCAL_HINT) -> Credentials:
+    """The pod's service account, else a kubeconfig, for the command line (its errors in one line).
 
     ``hint`` ends the no-cluster message: how to do without one, in the flags of the command
     that asked (``""``: no way without one).
 
     Raises:
         UserError: ``--kubeconfig`` names a file that does not exist, or a kubeconfig that cannot be used.
-        ClusterUnreachableError: No cluster is configured at all.
+        ClusterUnreachableError: No cluster is configured at all, or the pod's service account cannot be used.
     """
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
-            settings = load_settings()
-        except Exception as e:
-            if not _config_error(e):
-                raise
+            return in_cluster()
+        except CredentialsError as e:
             raise ClusterUnreachableError(f"cannot use this pod's service account to reach the cluster: {e}") from None
-        return Client(settings), "the pod's service account"
     files = kubeconfig_files(kubeconfig)
     if kubeconfig and not files[0].is_file():
         raise UserError(f"--kubeconfig {kubeconfig}: no such file")
-    present = [p for p in files if p.is_file()]
-    if not present:
+    if not any(p.is_file() for p in files):
         where = "$KUBECONFIG (" + os.environ["KUBECONFIG"] + ")" if os.environ.get("KUBECONFIG") else "~/.kube/config"
         raise ClusterUnreachableError(
             f"no cluster configured: no kubeconfig at {where}; give --kubeconfig PATH or set KUBECONFIG" + (f" {hint}" if hint else "")
         )
-    source = f"kubeconfig {os.pathsep.join(str(p) for p in present)}"
-    import yaml
-
-    try:
-        settings = load_settings(kubeconfig)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise UserError(f"{source}: not valid YAML{where}") from None
-    except Exception as e:
-        if not _config_error(e):
-            raise
-        raise UserError(f"{source}: cannot be used: {_one_line(str(e) or type(e).__name__)}") from None
-    return Client(settings), source
-
-
-def _config_error(e: Exception) -> bool:
-    """A configuration that cannot be used: the client library's ConfigException (its loader read it), or a file error."""
-    return type(e).__name__ == "ConfigException" or isinstance(e, (OSError, ValueError, TypeError, KeyError))
+    return kubeconfig_credentials(kubeconfig)  # a CredentialsError (a UserError) says what is wrong, in one line
 
 
 def kubeconfig_namespace(kubeconfig: str | None) -> str | None:
@@ -100,44 +76,36 @@ def kubeconfig_namespace(kubeconfig: str | None) -> str | None:
     return context_namespace(str(Path(kubeconfig).expanduser()))
 
 
-def connect(kubeconfig: str | None = None, *, timeout: float = CONNECT_TIMEOUT, hint: str = _LOCAL_HINT) -> Client:
-    """An API client whose first connection to the API server is already open.
+def connect(
+    kubeconfig: str | None = None,
+    *,
+    timeout: float = CONNECT_TIMEOUT,
+    hint: str = _LOCAL_HINT,
+    stopped: Callable[[], None] | None = None,
+) -> Client:
+    """An API client for the command line: until the API server has answered once, no answer is a one-line error.
 
-    ``hint``: see :func:`load_client`.
+    Args:
+        kubeconfig: ``--kubeconfig``, else the pod's service account or ``$KUBECONFIG``.
+        timeout: The connect timeout (TCP and TLS) until the first answer.
+        hint: See :func:`load_credentials`.
+        stopped: Called before an unreachable server is reported; raises when the command was
+            stopped meanwhile (a stop signal while connecting is a cancel, not an unreachable cluster).
 
     Raises:
-        UserError: A kubeconfig that cannot be used.
-        ClusterUnreachableError: No cluster configured, or its API server cannot be reached within ``timeout``.
+        UserError: Credentials that cannot be used.
+        ClusterUnreachableError: No cluster configured (now), or, from the first request, its API
+            server cannot be reached within ``timeout``.
     """
-    api, source = load_client(kubeconfig, hint=hint)
-    open_connection(api, source=source, timeout=timeout)
-    return api
+    credentials = load_credentials(kubeconfig, hint=hint)
+    host, source = credentials.host, credentials.source
 
+    def unreachable(error: TransportError) -> BaseException:
+        if stopped is not None:
+            stopped()
+        return ClusterUnreachableError(f"cannot reach the API server {host} ({source}): {why_unreachable(error, host, timeout)}")
 
-def open_connection(api: Client, *, source: str, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Open one connection (DNS, TCP, TLS) to the API server and leave it in the client's pool for the first request.
-
-    Raises:
-        ClusterUnreachableError: What failed, in one line.
-    """
-    host = api.configuration.host
-    try:
-        pool = api.rest_client.pool_manager.connection_from_url(host)
-        conn = pool._get_conn()  # a fresh or idle connection of the pool the first request will use
-    except KfpTrainerError:  # a cancel (stop signal) stays a cancel
-        raise
-    except Exception as e:  # noqa: BLE001 -- an address urllib3 cannot even parse
-        raise ClusterUnreachableError(f"cannot reach the API server {host!r} ({source}): {_one_line(str(e))}") from None
-    conn.timeout = timeout
-    try:
-        conn.connect()
-    except BaseException as e:
-        conn.close()
-        pool._put_conn(None)  # the pool's free slot goes back
-        if isinstance(e, KfpTrainerError) or not isinstance(e, Exception):
-            raise  # a cancel, KeyboardInterrupt, SystemExit
-        raise ClusterUnreachableError(f"cannot reach the API server {host} ({source}): {why_unreachable(e, host, timeout)}") from None
-    pool._put_conn(conn)
+    return Client(credentials, first_contact=FirstContact(timeout, unreachable))
 
 
 def why_unreachable(error: BaseException, host: str, timeout: float) -> str:

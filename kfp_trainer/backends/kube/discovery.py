@@ -17,27 +17,27 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import re
+from typing import Any
 from urllib.parse import quote
 
 from ...errors import ForbiddenError, InfraError, RejectedError, RuntimeNotFoundError, UserError
 from ...spec import API_VERSION, GROUP, PLURAL, VERSION, ApiVersion, TrainJobInputs
 from ..base import RuntimeInfo
 from ..owner import SA_NAMESPACE
-from .api import NotFound, RetryPolicy, call, request
-from .kubeconfig import context_namespace, load_settings
-from .rest import Client
-
-if TYPE_CHECKING:
-    from .rest import Client as ApiClient
+from .api import NotFound, RetryPolicy, call
+from .apierrors import APIError
+from .client import Client
+from .credentials import context_namespace, load
 
 log = logging.getLogger(__name__)
 PROBE_RUNTIME = "kfp-trainer-api-probe"
+_UNKNOWN_FIELD = re.compile(r'unknown field "([^"]+)"')
 
 
-def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> ApiClient:
-    """An API client from the pod's service account, else from a kubeconfig file (see :mod:`.kubeconfig`)."""
-    return Client(load_settings(kubeconfig, context))
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> Client:
+    """An API client from the pod's service account, else from a kubeconfig (see :mod:`.credentials`)."""
+    return Client(load(kubeconfig, context))
 
 
 def default_namespace() -> str:
@@ -46,12 +46,12 @@ def default_namespace() -> str:
         return SA_NAMESPACE.read_text().strip()
     try:
         return context_namespace()
-    except Exception:  # noqa: BLE001 -- an unreadable kubeconfig (the client library's ConfigException among them)
+    except Exception:  # noqa: BLE001 -- an unreadable kubeconfig
         return "default"
 
 
 def detect_api_version(
-    api: ApiClient, *, namespace: str, policy: RetryPolicy = RetryPolicy(), runtime: tuple[str, str] | None = None
+    api: Client, *, namespace: str, policy: RetryPolicy = RetryPolicy(), runtime: tuple[str, str] | None = None
 ) -> ApiVersion:
     """The Trainer API the cluster serves: ``v2.2`` (runtimePatches) or ``v2.1`` (podTemplateOverrides).
 
@@ -65,7 +65,7 @@ def detect_api_version(
     return _probe(api, namespace, policy, runtime or ("ClusterTrainingRuntime", PROBE_RUNTIME)) or _from_openapi(api, policy)
 
 
-def _probe(api: ApiClient, namespace: str, policy: RetryPolicy, runtime: tuple[str, str]) -> ApiVersion | None:
+def _probe(api: Client, namespace: str, policy: RetryPolicy, runtime: tuple[str, str]) -> ApiVersion | None:
     kind, name = runtime
     body = {
         "apiVersion": API_VERSION,
@@ -76,24 +76,21 @@ def _probe(api: ApiClient, namespace: str, policy: RetryPolicy, runtime: tuple[s
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
     query = [("dryRun", "All"), ("fieldValidation", "Strict")]
     try:
-        call(request, api, path, query, method="POST", body=body, timeout=(10, 30), what="probe the Trainer API (dry run)", policy=policy)
+        call(api.request, "POST", path, query=query, body=body, timeout=(10, 30), what="probe the Trainer API (dry run)", policy=policy)
         return "v2.2"
     except RejectedError as e:  # decoding came first: only an unknown field says v2.1
-        if 'unknown field "spec.runtimePatches"' in str(e):
-            return "v2.1"
-        return "v2.2"
+        return "v2.1" if "spec.runtimePatches" in unknown_fields(e.answer) else "v2.2"
     except (ForbiddenError, NotFound, InfraError, UserError) as e:
         log.info("Trainer API probe inconclusive (%s); reading the OpenAPI schema", e)
         return None
 
 
-def _from_openapi(api: ApiClient, policy: RetryPolicy) -> ApiVersion:
+def _from_openapi(api: Client, policy: RetryPolicy) -> ApiVersion:
     try:
         doc = call(
-            request,
-            api,
+            api.request,
+            "GET",
             f"/openapi/v3/apis/{GROUP}/{VERSION}",
-            [],
             timeout=30,
             headers={"Accept-Encoding": "gzip"},
             what="read the Trainer OpenAPI schema",
@@ -116,29 +113,48 @@ def _from_openapi(api: ApiClient, policy: RetryPolicy) -> ApiVersion:
     raise UserError(f"The cluster serves no TrainJob kind in {GROUP}/{VERSION}: is Kubeflow Trainer installed?")
 
 
-def version_mismatch(message: str) -> str | None:
-    """A clear message when a create failed because the manifest targets the other Trainer API.
+def unknown_fields(answer: APIError | None) -> set[str]:
+    """The fields a strict decoding refusal (400 ``BadRequest``) names as unknown; empty for any other answer.
+
+    The server lists them only in its message (``strict decoding error: unknown field "spec.x", ...``).
 
     Example:
-        >>> version_mismatch('strict decoding error: unknown field "spec.podTemplateOverrides"')[:40]
+        >>> from .apierrors import api_error
+        >>> sorted(unknown_fields(api_error(400, {"reason": "BadRequest",
+        ...     "message": 'TrainJob in version "v1alpha1" cannot be handled as a TrainJob: strict decoding error: '
+        ...                'unknown field "spec.labels", unknown field "spec.podTemplateOverrides"'})))
+        ['spec.labels', 'spec.podTemplateOverrides']
+    """
+    if answer is None or answer.status not in (400, 422) or "strict decoding error" not in answer.message:
+        return set()
+    return set(_UNKNOWN_FIELD.findall(answer.message))
+
+
+def version_mismatch(answer: APIError | None) -> str | None:
+    """A clear message when a create was refused because the manifest targets the other Trainer API.
+
+    Example:
+        >>> from .apierrors import api_error
+        >>> version_mismatch(api_error(400, {"reason": "BadRequest",
+        ...     "message": 'strict decoding error: unknown field "spec.podTemplateOverrides"'}))[:40]
         'this cluster serves Trainer v2.2 or late'
     """
-    v21_only = ('unknown field "spec.podTemplateOverrides"', 'unknown field "spec.labels"', 'unknown field "spec.annotations"')
-    if any(words in message for words in v21_only):
+    fields = unknown_fields(answer)
+    if fields & {"spec.podTemplateOverrides", "spec.labels", "spec.annotations"}:
         return (
             "this cluster serves Trainer v2.2 or later, which removed podTemplateOverrides and top-level labels/annotations; "
             "use api_version auto or v2.2"
         )
-    if 'unknown field "spec.runtimePatches"' in message or 'unknown field "spec.activeDeadlineSeconds"' in message:
+    if fields & {"spec.runtimePatches", "spec.activeDeadlineSeconds"}:
         return "this cluster serves Trainer v2.1, which has no runtimePatches or activeDeadlineSeconds; use api_version auto or v2.1"
-    if "unknown field" in message and 'terminationGracePeriodSeconds"' in message:
+    if any(f.endswith("terminationGracePeriodSeconds") for f in fields):
         return "this cluster serves Trainer v2.2, whose runtimePatches have no terminationGracePeriodSeconds (v2.3+); leave it unset"
-    if 'unknown field "spec.podSpecOverrides"' in message:
+    if "spec.podSpecOverrides" in fields:
         return "the manifest targets Trainer v2.0, which this cluster does not serve; use api_version auto"
     return None
 
 
-def available_runtimes(api: ApiClient, namespace: str, *, policy: RetryPolicy) -> list[str]:
+def available_runtimes(api: Client, namespace: str, *, policy: RetryPolicy) -> list[str]:
     """``Kind/name`` of every runtime visible from ``namespace`` (notes where listing is not allowed)."""
     names = []
     for kind, path in (
@@ -146,7 +162,7 @@ def available_runtimes(api: ApiClient, namespace: str, *, policy: RetryPolicy) -
         ("TrainingRuntime", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/trainingruntimes"),
     ):
         try:
-            items = call(request, api, path, [], timeout=(10, 60), what=f"list {kind}s", policy=policy).get("items") or []
+            items = call(api.request, "GET", path, timeout=(10, 60), what=f"list {kind}s", policy=policy).get("items") or []
         except UserError:
             names.append(f"({kind}s: not allowed to list)")
             continue
@@ -154,7 +170,7 @@ def available_runtimes(api: ApiClient, namespace: str, *, policy: RetryPolicy) -
     return names
 
 
-def resolve_runtime(api: ApiClient, inputs: TrainJobInputs, *, namespace: str, api_version: ApiVersion, policy: RetryPolicy) -> RuntimeInfo:
+def resolve_runtime(api: Client, inputs: TrainJobInputs, *, namespace: str, api_version: ApiVersion, policy: RetryPolicy) -> RuntimeInfo:
     """Fetch the referenced runtime; raise :class:`RuntimeNotFoundError` listing those that exist."""
     name = quote(inputs.runtime, safe="")
     if inputs.runtime_kind == "TrainingRuntime":
@@ -162,7 +178,7 @@ def resolve_runtime(api: ApiClient, inputs: TrainJobInputs, *, namespace: str, a
     else:
         path, what = f"/apis/{GROUP}/{VERSION}/clustertrainingruntimes/{name}", inputs.runtime
     try:
-        runtime: dict[str, Any] = call(request, api, path, [], timeout=(10, 60), what=f"get {inputs.runtime_kind} {what}", policy=policy)
+        runtime: dict[str, Any] = call(api.request, "GET", path, timeout=(10, 60), what=f"get {inputs.runtime_kind} {what}", policy=policy)
     except NotFound:
         available = available_runtimes(api, namespace, policy=policy)
         raise RuntimeNotFoundError(

@@ -34,17 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import UserError
 from ...jobstatus import JobRef
-from ...spec import GROUP, PLURAL, VERSION
 from ..base import Blocker
 from .api import RetryPolicy, call
 from .cache import ObjectCache
 from .leftovers import JOBSET_LABEL
-from .objects import CustomObjects
+from .paths import events as events_path
+from .paths import pod_log, pods, trainjobs
 
 if TYPE_CHECKING:
-    from kubernetes import client
-
-    from .rest import Client as ApiClient
+    from .client import Client as ApiClient
 
 IMAGE_ERRORS = {
     "ErrImagePull": False,
@@ -260,10 +258,7 @@ def preemption_note(message: str, names: dict[str, str]) -> str:
 def _trainjob_names(tracker: JobTracker) -> dict[str, str]:
     """The TrainJobs of the job's namespace by uid ({} when they cannot be listed)."""
     try:
-        listed = call(
-            CustomObjects(tracker.api).list_namespaced_custom_object,
-            GROUP, VERSION, tracker.ref.namespace, PLURAL, what="list TrainJobs", policy=tracker.policy,
-        )  # fmt: skip
+        listed = call(tracker.api.request, "GET", trainjobs(tracker.ref.namespace), what="list TrainJobs", policy=tracker.policy)
     except Exception:  # noqa: BLE001 - a name is a courtesy; the uid is said instead
         return {}
     return {str(j["metadata"].get("uid")): str(j["metadata"].get("name")) for j in listed.get("items") or []}
@@ -328,65 +323,64 @@ def pod_blockers(pod: dict[str, Any]) -> list[Blocker]:
     return found
 
 
-def pod_summary(pod: client.V1Pod) -> tuple[str, tuple[str, str, bool] | None]:
+def pod_summary(pod: dict[str, Any]) -> tuple[str, tuple[str, str, bool] | None]:
     """A pod's line of the diagnosis (phase, node, containers) and its first failed container.
 
     The failed container is ``(pod, container, restarted since)``: the first that exited
     non-zero, or None.
 
     Example:
-        >>> from kubernetes import client
-        >>> cs = client.V1ContainerStatus(name="node", image="i", image_id="", ready=False, restart_count=0,
-        ...     state=client.V1ContainerState(terminated=client.V1ContainerStateTerminated(exit_code=137, reason="OOMKilled")))
-        >>> pod = client.V1Pod(metadata=client.V1ObjectMeta(name="tj-node-0-0-x"), spec=client.V1PodSpec(containers=[], node_name="n1"),
-        ...     status=client.V1PodStatus(phase="Failed", container_statuses=[cs]))
+        >>> pod = {"metadata": {"name": "tj-node-0-0-x"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Failed",
+        ...        "containerStatuses": [{"name": "node", "restartCount": 0,
+        ...                               "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
         >>> pod_summary(pod)
         ('  tj-node-0-0-x: Failed on node n1; node: exit 137 (OOMKilled), restarts 0', ('tj-node-0-0-x', 'node', False))
     """
+    name = str((pod.get("metadata") or {}).get("name") or "")
+    status = pod.get("status") or {}
     states = []
     failing = None
-    for cs in pod.status.container_statuses or []:
-        term = (cs.state.terminated if cs.state else None) or (cs.last_state.terminated if cs.last_state else None)
-        wait = cs.state.waiting if cs.state else None
-        detail = f"exit {term.exit_code} ({term.reason})" if term else (wait.reason if wait else "running")
-        states.append(f"{cs.name}: {detail}, restarts {cs.restart_count}")
-        if term and term.exit_code and failing is None:
-            failing = (pod.metadata.name, cs.name, bool(cs.state.waiting or cs.state.running))
-    where = f" on node {pod.spec.node_name}" if pod.spec and pod.spec.node_name else ""
-    return f"  {pod.metadata.name}: {pod.status.phase}{where}; " + "; ".join(states), failing
+    for cs in status.get("containerStatuses") or []:
+        state, last = cs.get("state") or {}, cs.get("lastState") or {}
+        term = state.get("terminated") or last.get("terminated")
+        wait = state.get("waiting")
+        detail = f"exit {term.get('exitCode')} ({term.get('reason')})" if term else (wait.get("reason") if wait else "running")
+        states.append(f"{cs.get('name')}: {detail}, restarts {cs.get('restartCount') or 0}")
+        if term and term.get("exitCode") and failing is None:
+            failing = (name, str(cs.get("name")), "waiting" in state or "running" in state)
+    node = (pod.get("spec") or {}).get("nodeName")
+    where = f" on node {node}" if node else ""
+    return f"  {name}: {status.get('phase')}{where}; " + "; ".join(states), failing
 
 
 def diagnose(api: ApiClient, ref: JobRef, *, tail: int = 40, created: str = "", policy: RetryPolicy = RetryPolicy()) -> str:
     """Failed pods, recent events and the failing container's last log lines."""
-    from kubernetes import client  # typed pods and events: the generated models, off the launch path
-
-    core = client.CoreV1Api(api)
     parts: list[str] = []
     try:
-        pods = call(
-            core.list_namespaced_pod, ref.namespace, label_selector=f"{JOBSET_LABEL}={ref.name}", what=f"list pods of {ref}", policy=policy
-        ).items
+        listed = call(api.request, "GET", pods(ref.namespace), query={"labelSelector": f"{JOBSET_LABEL}={ref.name}"},
+                      what=f"list pods of {ref}", policy=policy)  # fmt: skip
     except UserError as e:
         return f"(could not list pods: {e})"
     failing = None
     pod_lines = []
-    for pod in sorted(pods, key=lambda p: p.metadata.name):
+    for pod in sorted(listed.get("items") or [], key=lambda p: str(p["metadata"]["name"])):
         line, failed = pod_summary(pod)
         pod_lines.append(line)
         failing = failing or failed
     if pod_lines:
         parts.append("Pods:\n" + "\n".join(pod_lines))
     try:
-        events = call(core.list_namespaced_event, ref.namespace, what=f"list events in {ref.namespace}", policy=policy).items
+        found = call(api.request, "GET", events_path(ref.namespace), what=f"list events in {ref.namespace}", policy=policy)
+        events = list(found.get("items") or [])
     except UserError:
         events = []
-    related = [e for e in events if belongs(api.sanitize_for_serialization(e), ref, created)]
-    related.sort(key=lambda e: str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
+    related = sorted((e for e in events if belongs(e, ref, created)), key=event_time)
     grouped: dict[tuple[str, str, str, str], tuple[str, int]] = {}  # the same complaint once, with a count
     for e in related:
-        key = (e.type, e.reason, e.involved_object.kind, e.involved_object.name)
+        obj = e.get("involvedObject") or {}
+        key = (str(e.get("type") or ""), str(e.get("reason") or ""), str(obj.get("kind") or ""), str(obj.get("name") or ""))
         _, count = grouped.pop(key, ("", 0))
-        grouped[key] = (e.message or "", count + (e.count or 1))
+        grouped[key] = (str(e.get("message") or ""), count + int(e.get("count") or 1))
     if grouped:
         parts.append(
             "Recent events:\n"
@@ -397,18 +391,11 @@ def diagnose(api: ApiClient, ref: JobRef, *, tail: int = 40, created: str = "", 
         )
     if failing:
         pod_name, container, restarted = failing
+        query = {"container": container, "tailLines": tail, "previous": restarted}
         try:
-            text = call(
-                core.read_namespaced_pod_log,
-                pod_name,
-                ref.namespace,
-                container=container,
-                tail_lines=tail,
-                previous=restarted,
-                what=f"logs of {pod_name}",
-                policy=policy,
-            )
-            parts.append(f"Last {tail} log lines of {pod_name}/{container}:\n" + "\n".join("  " + line for line in text.splitlines()))
+            text = call(api.request, "GET", pod_log(ref.namespace, pod_name), query=query, what=f"logs of {pod_name}", policy=policy)
+            lines = str(text or "").splitlines()
+            parts.append(f"Last {tail} log lines of {pod_name}/{container}:\n" + "\n".join("  " + line for line in lines))
         except UserError as e:
             parts.append(f"(log of {pod_name} unavailable: {e})")
     return "\n\n".join(parts)

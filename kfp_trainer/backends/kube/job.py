@@ -63,11 +63,11 @@ class KubeJob(JobHandle):
                 self._tracker = inspect.JobTracker(b.api, self.ref, created=self.created, policy=b.policy, timeout_seconds=b.watch_timeout)
             return self._tracker
 
-    def watch(self, *, resource_version: str | None = None) -> Iterator[JobStatus | None]:
-        """Status changes of the TrainJob (one watch, resumed from resourceVersion); ``None`` = heartbeat."""
+    def watch(self) -> Iterator[JobStatus | None]:
+        """Status changes of the TrainJob (one watch, from the job as created or adopted); ``None`` = heartbeat."""
         ref = self.ref
-        known = self.known if resource_version is None else None
-        version = resource_version or (str(known["metadata"].get("resourceVersion") or "") or None if known else None)
+        known = self.known
+        version = str(known["metadata"].get("resourceVersion") or "") or None if known else None
         events = EventQueue(
             self.backend.api,
             f"/apis/{GROUP}/{VERSION}/namespaces/{ref.namespace}/{PLURAL}",

@@ -36,11 +36,11 @@ from ..owner import describe
 from .api import Conflict, NotFound, RetryPolicy, call
 from .discovery import version_mismatch
 from .leftovers import JOBSET_LABEL, Leftover, leftovers_message
-from .objects import CustomObjects, Pods
+from .paths import MERGE_PATCH, pod, trainjob, trainjobs
 from .watch import wait_gone
 
 if TYPE_CHECKING:
-    from .rest import Client as ApiClient
+    from .client import Client as ApiClient
 
 log = logging.getLogger(__name__)
 CREATE_TIMEOUT = (10, 20)  # a stop signal waits for the create's answer: keep it short
@@ -57,23 +57,12 @@ class Lifecycle:
         self.api = api
         self.policy = policy
         self.replace_timeout = replace_timeout
-        self.custom = CustomObjects(api)
-        self.core = Pods(api)
         self.seen: dict[tuple[str, str], dict[str, Any]] = {}  # the job as created or adopted: its watch starts there
 
     # ------------------------------------------------------------------ requests
     def get(self, ref: JobRef) -> dict[str, Any]:
         """The stored TrainJob (raises NotFound)."""
-        return call(
-            self.custom.get_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            ref.namespace,
-            PLURAL,
-            ref.name,
-            what=f"get TrainJob {ref}",
-            policy=self.policy,
-        )
+        return call(self.api.request, "GET", trainjob(ref.namespace, ref.name), what=f"get TrainJob {ref}", policy=self.policy)
 
     def create(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
         """Create the TrainJob (strict field validation). A stop signal waits for the answer."""
@@ -82,7 +71,7 @@ class Lifecycle:
         def attempt(*args: Any, **kwargs: Any) -> dict[str, Any]:
             cancel.check()  # before each attempt: a cancel after an unanswered one is reclaimed by the caller
             attempts.append(1)
-            created = self.custom.create_namespaced_custom_object(*args, **kwargs)  # a stop signal waits for the answer
+            created = self.api.request(*args, **kwargs)  # a stop signal waits for the answer
             cancel.check()  # then the caller finds the job by name and deletes it
             return created
 
@@ -90,23 +79,21 @@ class Lifecycle:
         try:
             created = call(
                 attempt,
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                manifest,
-                field_validation="Strict",
-                _request_timeout=CREATE_TIMEOUT,
+                "POST",
+                trainjobs(namespace),
+                query={"fieldValidation": "Strict"},
+                body=manifest,
+                timeout=CREATE_TIMEOUT,
                 what=f"create TrainJob {namespace}/{name}",
                 policy=self.policy,
                 sleep=cancel.sleep,
             )
         except Conflict as e:
             if len(attempts) > 1:  # an earlier attempt got no answer: it may have made the job
-                raise LostCreate(str(e)) from e
+                raise LostCreate(str(e), e.answer) from e
             raise
         except RejectedError as e:
-            hint = version_mismatch(str(e))
+            hint = version_mismatch(e.answer)
             if hint:
                 raise RejectedError(f"{e}: {hint}") from e
             raise
@@ -117,12 +104,10 @@ class Lifecycle:
         """TrainJobs in ``namespace`` labelled with this run and task (and execution scope, when given)."""
         selector = f"{LABEL_RUN}={run},{LABEL_TASK}={task}" + (f",{LABEL_SCOPE}={scope}" if scope else "")
         body = call(
-            self.custom.list_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            label_selector=selector,
+            self.api.request,
+            "GET",
+            trainjobs(namespace),
+            query={"labelSelector": selector},
             what=f"list TrainJobs of run {run} task {task}",
             policy=self.policy,
         )
@@ -197,13 +182,11 @@ class Lifecycle:
         meta = existing["metadata"]
         try:
             patched = call(
-                self.custom.patch_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                meta["namespace"],
-                PLURAL,
-                meta["name"],
-                {"metadata": {"annotations": {owner.ANNOTATION: mine}}},
+                self.api.request,
+                "PATCH",
+                trainjob(meta["namespace"], meta["name"]),
+                body={"metadata": {"annotations": {owner.ANNOTATION: mine}}},
+                headers=MERGE_PATCH,
                 what=f"record the launcher on TrainJob {meta['namespace']}/{meta['name']}",
                 policy=self.policy,
             )
@@ -283,12 +266,12 @@ class Lifecycle:
         if "pod" in identity:
             namespace, _, name = str(identity["pod"]).partition("/")
             try:
-                pod = call(self.core.read_namespaced_pod, name, namespace, what=f"get launcher pod {identity['pod']}", policy=self.policy)
+                found = call(self.api.request, "GET", pod(namespace, name), what=f"get launcher pod {identity['pod']}", policy=self.policy)
             except NotFound:
                 return False
             except UserError:
                 return None
-            return owner.pod_alive(self.api.sanitize_for_serialization(pod), identity)
+            return owner.pod_alive(found, identity)
         return owner.local_process_alive(identity)
 
     # ------------------------------------------------------------------ delete
@@ -333,13 +316,10 @@ class Lifecycle:
         deadline = time.monotonic() + wait
         try:
             call(
-                self.custom.delete_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                ref.namespace,
-                PLURAL,
-                ref.name,
-                propagation_policy="Background",
+                self.api.request,
+                "DELETE",
+                trainjob(ref.namespace, ref.name),
+                query={"propagationPolicy": "Background"},
                 body={"preconditions": {"uid": ref.uid}} if ref.uid else None,
                 what=f"delete TrainJob {ref}",
                 policy=RetryPolicy(attempts=3),

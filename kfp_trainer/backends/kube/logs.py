@@ -34,18 +34,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import urllib3
-
 from ...errors import ForbiddenError, KfpTrainerError
 from ...timestamps import Timestamp, parse_timestamp, rfc3339
 from ..base import LogLine, LogSink
 from ..deletion import made_before
-from .api import NotFound, RetryPolicy, call, request
+from .api import NotFound, RetryPolicy, call
+from .apierrors import TransportError
 from .cache import ObjectCache
-from .watch import lines, shutdown
 
 if TYPE_CHECKING:
-    from .rest import Client as ApiClient
+    from .client import Client as ApiClient
 
 log = logging.getLogger(__name__)
 CONTAINER = "node"
@@ -153,7 +151,7 @@ class NodeLogFollower:
         """Unblock a follow read in progress (called from another thread once ``stop`` is set)."""
         response = self._response
         if response is not None:
-            shutdown(response)
+            response.shutdown()
 
     # -- pods
     def _mine(self, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -194,14 +192,15 @@ class NodeLogFollower:
             query.append(("sinceTime", rfc3339(cursor.last[0])))
         path = f"/api/v1/namespaces/{self.namespace}/pods/{pod}/log"
         timeout = (10, self.read_timeout if follow else 60)
-        response = call(request, self.api, path, query, timeout=timeout, stream=True, what=f"read the log of pod {pod}", policy=self.policy)
+        response = call(self.api.request, "GET", path, query=query, timeout=timeout, stream=True, what=f"read the log of pod {pod}",
+                        policy=self.policy)  # fmt: skip
         seen_at: dict[Timestamp, int] = {}
         if follow:
             self._response = response
             if self._cut.is_set():  # cut while the request was on its way
-                shutdown(response)
+                response.shutdown()
         try:
-            for raw in lines(response):
+            for raw in response.lines():
                 text = raw.rstrip(b"\r")
                 stamp, _, rest = text.partition(b" ")
                 ts = parse_timestamp(stamp)
@@ -212,7 +211,7 @@ class NodeLogFollower:
             return True
         finally:
             self._response = None
-            response.release_conn()
+            response.close()
 
     def run(self) -> None:
         """Follow until the node's pod finishes or ``stop`` is set. Never raises."""
@@ -296,7 +295,7 @@ class NodeLogFollower:
             if not self.stop.is_set():
                 self.sleep(self.poll)
             return False
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+        except (TransportError, ValueError) as e:
             if not (self.stop.is_set() or self._cut.is_set()):
                 log.info("%s: log stream of %s interrupted (%s); resuming", self.source, pod, e)
                 self.sleep(min(self.poll, 1.0))

@@ -10,9 +10,10 @@ Small layers, each with one job:
   streaming list (Kubernetes 1.32+: one watch request that starts with the current objects
   and marks their end with a bookmark) instead of a list request and a watch request; a
   server that refuses it is asked with a list from then on.
-* :func:`open_stream` opens one watch request; :func:`decode` turns its body into events.
-* :func:`lines` splits an HTTP body into lines as chunks arrive.
+* :func:`open_stream` opens one watch request; :func:`decode` turns its lines into events.
 * :func:`wait_gone` waits, bounded, until the objects a selector matches are gone.
+
+Reconnects and relists wait as the backend's one :class:`~.api.RetryPolicy` says.
 
 :func:`watch` yields ``("LIST", {"items": [...]})`` after each list, the server's
 ``ADDED``/``MODIFIED``/``DELETED`` events, and ``None`` each time a stream ends normally.
@@ -21,7 +22,6 @@ Small layers, each with one job:
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -33,18 +33,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import urllib3
-
 from ... import cancel
 from ...errors import InfraError, KfpTrainerError, RejectedError, UserError
-from .api import TRANSIENT, Gone, NotFound, RetryPolicy, call, request, translate
+from .api import Gone, NotFound, RetryPolicy, call, translate
+from .apierrors import APIError, TransportError, from_status
 
 if TYPE_CHECKING:
-    from .rest import Client as ApiClient
+    from .client import Client as ApiClient
+    from .client import Stream
 
 log = logging.getLogger(__name__)
 Event = tuple[str, dict[str, Any]]
-STREAM_ERRORS = (urllib3.exceptions.HTTPError, OSError, TimeoutError, ValueError)
+STREAM_ERRORS = (TransportError, ValueError)  # no answer, a cut stream, or a garbled line: reconnect
 INITIAL_EVENTS = [("sendInitialEvents", "true"), ("resourceVersionMatch", "NotOlderThan")]
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _LISTS_ONLY: weakref.WeakSet[Any] = weakref.WeakSet()  # API clients whose server refused a streaming list
@@ -89,41 +89,19 @@ class Handle:
             shutdown(response)
 
 
-def shutdown(response: Any) -> None:
-    """Unblock a read in progress on ``response`` (from another thread)."""
-    try:
-        response.shutdown()
-    except Exception:  # older urllib3, or already closed
-        try:
-            response.close()
-        except Exception:
-            pass
+def shutdown(stream: Stream) -> None:
+    """Unblock a read in progress on ``stream`` (from another thread)."""
+    stream.shutdown()
 
 
 def list_objects(api: ApiClient, path: str, selectors: list[tuple[str, str]], *, policy: RetryPolicy) -> tuple[list[dict[str, Any]], str]:
     """List objects at ``path``; return them and the list's resourceVersion."""
-    body = call(request, api, path, list(selectors), timeout=30, what=f"list {path}", policy=policy)
+    body = call(api.request, "GET", path, query=list(selectors), timeout=30, what=f"list {path}", policy=policy)
     return list(body.get("items") or []), str((body.get("metadata") or {}).get("resourceVersion") or "")
 
 
-def lines(response: Any) -> Iterator[bytes]:
-    """The non-empty lines of a streamed body, as they arrive (each chunk is split once)."""
-    buffer = b""
-    for chunk in response.stream(amt=None, decode_content=True):
-        if b"\n" not in chunk:
-            buffer += chunk
-            continue
-        parts = (buffer + chunk).split(b"\n")
-        buffer = parts.pop()
-        for line in parts:
-            if line.strip():
-                yield line
-    if buffer.strip():
-        yield buffer
-
-
-def open_stream(api: ApiClient, path: str, selectors: list[tuple[str, str]], resource_version: str, timeout_seconds: int) -> Any:
-    """Open one watch request from ``resource_version``; the raw streaming response."""
+def open_stream(api: ApiClient, path: str, selectors: list[tuple[str, str]], resource_version: str, timeout_seconds: int) -> Stream:
+    """Open one watch request from ``resource_version``; the stream of its lines."""
     query = [
         *selectors,
         ("watch", "true"),
@@ -131,17 +109,17 @@ def open_stream(api: ApiClient, path: str, selectors: list[tuple[str, str]], res
         ("resourceVersion", resource_version),
         ("timeoutSeconds", max(1, int(timeout_seconds))),
     ]
-    return request(api, path, query, timeout=(10, timeout_seconds + 15), stream=True)
+    return api.request("GET", path, query=query, timeout=(10, timeout_seconds + 15), stream=True)
 
 
-def decode(response: Any) -> Iterator[Event]:
-    """Events of an open watch stream; releases the connection at the end."""
+def decode(stream: Stream) -> Iterator[Event]:
+    """Events of an open watch stream; gives the connection back at the end."""
     try:
-        for raw in lines(response):
+        for raw in stream.lines():
             event = json.loads(raw)
             yield str(event.get("type", "")), event.get("object") or {}
     finally:
-        response.release_conn()
+        stream.close()
 
 
 def _version(obj: dict[str, Any], default: str) -> str:
@@ -149,9 +127,8 @@ def _version(obj: dict[str, Any], default: str) -> str:
 
 
 def _raise_error_event(path: str, obj: dict[str, Any]) -> None:
-    if obj.get("code") == 410:
-        raise Gone(str(obj.get("message", "resourceVersion too old")))
-    raise InfraError(f"watch {path}: {obj.get('message', obj)}")
+    """An ``ERROR`` event: the Status it carries, mapped (410: :class:`Gone`)."""
+    raise translate(from_status(obj), f"watch {path}")
 
 
 def watch(
@@ -185,7 +162,6 @@ def watch(
     handle = handle or Handle()
     at = _Position(resource_version)
     failures = 0
-    delays = policy.delays()
     while not handle.closed:
         try:
             if at.version is None and (not initial_events or api in _LISTS_ONLY):
@@ -209,8 +185,8 @@ def watch(
         except STREAM_ERRORS as e:
             if handle.closed:
                 return
-            failures = _backoff(path, e, failures, delays, sleep)
-        except TRANSIENT as e:  # ApiException while opening the stream
+            failures = _backoff(path, e, failures, policy, sleep)
+        except APIError as e:  # the server refused to open the stream
             error = translate(e, f"watch {path}")
             if isinstance(error, Gone):
                 log.info("watch %s: %s; relisting", path, error)
@@ -218,7 +194,7 @@ def watch(
                 continue
             if not isinstance(error, InfraError):
                 raise error from e
-            failures = _backoff(path, e, failures, delays, sleep)
+            failures = _backoff(path, e, failures, policy, sleep)
 
 
 @dataclass
@@ -237,7 +213,7 @@ def _open(api: ApiClient, path: str, selectors: list[tuple[str, str]], at: _Posi
     at.initial = []
     try:
         return open_stream(api, path, [*selectors, *INITIAL_EVENTS], "", timeout_seconds)
-    except TRANSIENT as e:
+    except APIError as e:
         if not isinstance(translate(e, f"watch {path}"), RejectedError):
             raise
         log.info("watch %s: the server refused a streaming list; listing", path)
@@ -265,11 +241,12 @@ def _stream(path: str, response: Any, at: _Position) -> Iterator[Event]:
             yield kind, obj
 
 
-def _backoff(path: str, error: BaseException, failures: int, delays: list[float], sleep: Callable[[float], None]) -> int:
-    if failures >= len(delays):
+def _backoff(path: str, error: BaseException, failures: int, policy: RetryPolicy, sleep: Callable[[float], None]) -> int:
+    if failures + 1 >= policy.attempts:
         raise InfraError(f"watch {path}: gave up after {failures} failed reconnects in a row: {error}") from error
-    log.warning("watch %s interrupted (%s); reconnecting in %.1fs", path, error, delays[failures])
-    sleep(delays[failures])
+    delay = policy.pause(failures, retry_after=getattr(error, "retry_after", None))
+    log.warning("watch %s interrupted (%s); reconnecting in %.1fs", path, error, delay)
+    sleep(delay)
     return failures + 1
 
 
@@ -287,6 +264,7 @@ def wait_gone(
     keep: Callable[[dict[str, Any]], bool] = lambda obj: True,
     policy: RetryPolicy = RetryPolicy(attempts=3),
     clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
     cancellable: bool = False,
 ) -> list[dict[str, Any]]:
     """Wait (at most ``timeout`` seconds, with one watch) until no object at ``path`` matches.
@@ -299,6 +277,7 @@ def wait_gone(
         keep: Which of the listed objects to wait for (e.g. the one with a given uid).
         policy: Retries of the list.
         clock: Injected for tests.
+        sleep: Injected for tests.
         cancellable: A stop signal ends the wait at once (:class:`CancelledError`); a
             deletion's own wait is not, it runs to its end.
 
@@ -312,6 +291,7 @@ def wait_gone(
     deadline = clock() + timeout
     present: dict[str, dict[str, Any]] = {}
     version: str | None = None
+    failures = 0  # in a row: the pause before the next try grows with them (policy), bounded by the deadline
     while True:
         if cancellable:
             cancel.check()
@@ -327,9 +307,10 @@ def wait_gone(
             left = deadline - clock()
             if left <= 0:
                 return list(present.values())
-            response = open_stream(api, path, selectors, version, math.ceil(left))
-            with cancel.closing(functools.partial(shutdown, response)) if cancellable else contextlib.nullcontext():
-                for kind, obj in decode(response):
+            stream = open_stream(api, path, selectors, version, math.ceil(left))
+            failures = 0
+            with cancel.closing(stream.shutdown) if cancellable else contextlib.nullcontext():
+                for kind, obj in decode(stream):
                     if kind == "ERROR":
                         _raise_error_event(path, obj)
                     version = _version(obj, version)
@@ -343,12 +324,13 @@ def wait_gone(
             version = None
         except UserError:
             raise
-        except (*STREAM_ERRORS, *TRANSIENT, InfraError) as e:
-            if isinstance(e, TRANSIENT) and not isinstance(e, STREAM_ERRORS):
+        except (*STREAM_ERRORS, APIError, InfraError) as e:
+            if isinstance(e, APIError):
                 error = translate(e, f"watch {path}")
                 if not isinstance(error, (Gone, InfraError)):
                     raise error from e
             version = None
             if clock() >= deadline:
                 return list(present.values())
-            time.sleep(min(0.5, max(0.0, deadline - clock())))
+            sleep(min(policy.pause(min(failures, policy.attempts)), max(0.0, deadline - clock())))
+            failures += 1
