@@ -227,6 +227,8 @@ def import_into(name: str, address: str) -> tuple[Image, bool]:
     if ocilayout.present(img.ref, address):
         return img, False
     with _locked():
+        if ocilayout.present(img.ref, address):  # another import (the test session's early one) finished meanwhile
+            return img, False
         ocilayout.push(buildah, img.id, layout_dir(), img.tag)
         ocilayout.import_image(layout_dir(), img.tag, img.ref, address)
     return img, True

@@ -41,6 +41,7 @@ _BUILD_ERROR: str | None = None
 _BUILD: threading.Thread | None = None  # builds the binaries while the tests that need no cluster run
 _BUILD_LOG: list[str] = []
 _WANT_REAL_NODE = False  # a selected test runs real pods
+_IMPORT_IMAGES = False  # a selected test runs the project's images on the real node
 _CLUSTER: testcluster.TestCluster | None = None
 # Component logs attached to a failing test's report (last lines of each).
 _REPORTED_LOGS = ("controllers", "kueue", "podscript", "kwok-controller", "kube-controller-manager", "kubelet", "containerd", "coredns")
@@ -76,8 +77,10 @@ def pytest_collection_modifyitems(session, config, items):
     it in :func:`pytest_runtest_protocol`, outside the per-test timeout (pytest-timeout counts
     fixture setup). build.sh takes a lock, so the build ``make test`` started beside the Python
     setup is waited for, not repeated."""
-    global _WANT_REAL_NODE, _BUILD
+    global _WANT_REAL_NODE, _IMPORT_IMAGES, _BUILD
     _WANT_REAL_NODE = any("real_node" in getattr(i, "fixturenames", ()) for i in items)
+    # a selected real-pod test runs the project's images (its module imports hack/k8s/images.py)
+    _IMPORT_IMAGES = any("real_node" in getattr(i, "fixturenames", ()) and hasattr(getattr(i, "module", None), "images") for i in items)
     if not any(uses_cluster(i) for i in items) or config.option.collectonly:
         return
     items[:] = [i for i in items if not uses_cluster(i)] + [i for i in items if uses_cluster(i)]
@@ -154,12 +157,33 @@ def cluster():
         finally:
             pytest.fail(f"test cluster failed to start: {e}\n{with_logs}", pytrace=False)
     _CLUSTER = c
+    early = None
+    if _IMPORT_IMAGES and c.real_node is not None:  # the project's images reach the node while KWOK tests run
+        early = threading.Thread(target=_import_images, args=(c,), name="image-import", daemon=True)
+        early.start()
     try:
         yield c
     finally:
         _CLUSTER = None
+        if early is not None:
+            early.join(600)
         if not c.reuse:
             c.stop()
+
+
+def _import_images(c: testcluster.TestCluster) -> None:
+    """Imports the component and trainer images into the real node (minutes on a new machine's node).
+
+    The real-pod tests import them too (``images.import_into`` skips what is there, under a lock);
+    started with the cluster, the import overlaps the tests that need no real pods. A failure
+    here is left to those tests to report."""
+    import images  # hack/k8s/images.py
+
+    for name in ("component", "trainer"):
+        try:
+            images.import_into(name, str(c.real_node.containerd.socket))
+        except Exception:  # noqa: BLE001, S112 - the test that needs the image says what went wrong
+            continue
 
 
 @pytest.fixture(scope="session")
