@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import urllib3
 
-from ... import cancel
+from ...cancel import Stop
 from ...errors import InfraError, KfpTrainerError, RejectedError, UserError
 from .api import TRANSIENT, Gone, NotFound, RetryPolicy, call, request, translate
 
@@ -287,7 +287,7 @@ def wait_gone(
     keep: Callable[[dict[str, Any]], bool] = lambda obj: True,
     policy: RetryPolicy = RetryPolicy(attempts=3),
     clock: Callable[[], float] = time.monotonic,
-    cancellable: bool = False,
+    stop: Stop | None = None,
 ) -> list[dict[str, Any]]:
     """Wait (at most ``timeout`` seconds, with one watch) until no object at ``path`` matches.
 
@@ -299,22 +299,22 @@ def wait_gone(
         keep: Which of the listed objects to wait for (e.g. the one with a given uid).
         policy: Retries of the list.
         clock: Injected for tests.
-        cancellable: A stop signal ends the wait at once (:class:`CancelledError`); a
-            deletion's own wait is not, it runs to its end.
+        stop: A stop token whose request ends the wait at once (:class:`CancelledError`); a
+            deletion's own wait has none, it runs to its end.
 
     Returns:
         The objects still there when the time ran out (empty when all are gone).
 
     Raises:
         KfpTrainerError: The list itself failed (e.g. ForbiddenError).
-        CancelledError: ``cancellable``, and a stop signal came.
+        CancelledError: A stop was requested on ``stop``.
     """
     deadline = clock() + timeout
     present: dict[str, dict[str, Any]] = {}
     version: str | None = None
     while True:
-        if cancellable:
-            cancel.check()
+        if stop is not None:
+            stop.check()
         try:
             if version is None:
                 try:
@@ -328,7 +328,7 @@ def wait_gone(
             if left <= 0:
                 return list(present.values())
             response = open_stream(api, path, selectors, version, math.ceil(left))
-            with cancel.closing(functools.partial(shutdown, response)) if cancellable else contextlib.nullcontext():
+            with stop.closing(functools.partial(shutdown, response)) if stop is not None else contextlib.nullcontext():
                 for kind, obj in decode(response):
                     if kind == "ERROR":
                         _raise_error_event(path, obj)
