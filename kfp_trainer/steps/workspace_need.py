@@ -32,9 +32,9 @@ def _run_time_error(kind: str) -> ValidationError:
     if kind == "torchtune_finetune":
         from .finetune import TorchTuneFinetune
 
-        ctx = SimpleNamespace(local=False, shared_root=None, key="", output_model=None, inputs={})
+        ctx = SimpleNamespace(local=False, shared_root=None, key="", output_model=None)
         try:
-            TorchTuneFinetune(None)._output(ctx)
+            TorchTuneFinetune(None)._output(ctx, None)
         except ValidationError as e:
             return e
     else:

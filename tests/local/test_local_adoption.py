@@ -19,6 +19,7 @@ from kfp_trainer.backends.procs import ProcessId, pid_alive
 from kfp_trainer.errors import JobFailedError
 from kfp_trainer.jobstatus import JobRef
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(120)
@@ -102,7 +103,7 @@ def test_a_recorded_pid_now_held_by_another_process_is_neither_trusted_nor_kille
         }
         (directory / "trainjob.json").write_text(json.dumps(state))
 
-        outcome = launcher.run(job_inputs(marker))
+        outcome = launcher.run(prepare(launcher.backend, job_inputs(marker)))
 
         assert outcome.replaced and outcome.succeeded
         assert pid_alive(bystander.pid)  # not the job's process any more: left alone

@@ -89,7 +89,7 @@ def test_no_parameters_is_called_without_arguments_as_the_sdk_does(constants):
     args = function_job_arguments({"runtime": "torch-distributed"}, fixed)
     trainer = FunctionTrainer(**{k: args[k] for k in ("source", "function", "func_file", "arguments", "specials", "order")})
     assert trainer.func_args({}) is None
-    command = trainer.finalize(SimpleNamespace(runtime=SimpleNamespace(document=runtime_doc()), local=False), {})["command"]
+    command = trainer.finalize(SimpleNamespace(local=False), SimpleNamespace(document=runtime_doc()), {})["command"]
     assert "\nhello()\n" in command[-1] and "**{}" not in command[-1]
 
 
@@ -195,19 +195,19 @@ def test_flat_resources_go_to_the_trainer_and_are_mapped_as_the_sdk_maps_them():
     assert args["inputs"]["resources_per_node"] is None and args["resources_per_node"] == {"cpu": 4, "memory": "8Gi", "gpu": 1}
     keys = ("source", "function", "func_file", "arguments", "specials", "order", "resources_per_node")
     trainer = FunctionTrainer(**{k: args[k] for k in keys})
-    ctx = SimpleNamespace(runtime=SimpleNamespace(document=runtime_doc()), local=False)
-    trainer.configure(ctx)
+    ctx, runtime = SimpleNamespace(local=False), SimpleNamespace(document=runtime_doc())
+    trainer.configure(ctx, runtime, None)
     expected = {"cpu": 4, "memory": "8Gi", "nvidia.com/gpu": 1}
-    assert trainer.finalize(ctx, {})["resources_per_node"] == {"requests": expected, "limits": expected}
+    assert trainer.finalize(ctx, runtime, {})["resources_per_node"] == {"requests": expected, "limits": expected}
     kube = {**fixed, "resources_per_node": {"limits": {"cpu": 2}}}
     args = function_job_arguments({"runtime": "torch-distributed"}, kube)
     assert args["inputs"]["resources_per_node"] == {"limits": {"cpu": 2}} and args["resources_per_node"] is None
 
 
 def test_bad_flat_resources_are_refused_before_anything_is_created():
-    ctx = SimpleNamespace(runtime=SimpleNamespace(document=runtime_doc()), local=False)
+    ctx, runtime = SimpleNamespace(local=False), SimpleNamespace(document=runtime_doc())
     for resources, message in (({"gpu": 1, "mig-1g.5gb": 1}, "either nvidia.com/gpu or a MIG slice"), ({"cpu": "lots"}, "not a quantity")):
         trainer = FunctionTrainer(source="def f(): pass", function="f", func_file="f.py", arguments={}, specials=[],
                                   resources_per_node=resources)  # fmt: skip
         with pytest.raises(InvalidSpecErrors, match=message):
-            trainer.configure(ctx)
+            trainer.configure(ctx, runtime, None)

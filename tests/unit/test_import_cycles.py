@@ -1,8 +1,9 @@
 """No import circle between the modules of ``kfp_trainer``, read from the source with ``ast``.
 
 Every import counts: at module level, inside functions (a lazy import is still a dependency),
-and under ``if TYPE_CHECKING:`` (a type that needs the other module is one too). A circle is
-reported as the path that closes it, e.g. ``a -> b -> a``.
+and under ``if TYPE_CHECKING:`` (a type that needs the other module is one too) -- all but those
+under ``if __name__ == "__main__":``, which run only when the module is a script (``python -m``),
+not imported. A circle is reported as the path that closes it, e.g. ``a -> b -> a``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
     """The package modules ``module`` imports anywhere in its source."""
     is_package = path.name == "__init__.py"
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    tree.body = [node for node in tree.body if not _main_guard(node)]
+    for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -55,6 +58,15 @@ def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
             if target and target != module:
                 found.add(target)
     return found
+
+
+def _main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` at module level."""
+    test = node.test if isinstance(node, ast.If) else None
+    return (
+        isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+        and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+    )  # fmt: skip
 
 
 def graph(root: Path = ROOT) -> dict[str, set[str]]:
@@ -149,3 +161,13 @@ def test_each_form_of_import_is_an_edge(tmp_path, source):
     (package / "a.py").write_text(source)
     (package / "b.py").write_text("from .a import x\n")
     assert cycles(graph(tmp_path)) == [["kfp_trainer.a", "kfp_trainer.b", "kfp_trainer.a"]]
+
+
+def test_an_import_under_the_main_guard_is_no_edge(tmp_path):
+    package = tmp_path / PACKAGE
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("import sys\nif __name__ == '__main__':\n    from .b import main\n")
+    (package / "b.py").write_text("def main():\n    from . import a\n")
+    assert cycles(graph(tmp_path)) == []
+    assert graph(tmp_path)["kfp_trainer.b"] == {"kfp_trainer.a"}
