@@ -211,3 +211,16 @@ def test_bad_flat_resources_are_refused_before_anything_is_created():
                                   resources_per_node=resources)  # fmt: skip
         with pytest.raises(InvalidSpecErrors, match=message):
             trainer.configure(ctx, runtime, None)
+
+
+def test_a_parameter_named_like_an_input_artifact_is_the_functions_own_value():
+    """Without dataset_dir / model_dir the component has no dataset / model artifact: those names may be the function's."""
+    fixed = {"source": "def f(dataset: str = 'a', model: str = 'b'): pass", "function": "f", "func_file": "f.py",
+             "parameters": ["dataset", "model"], "defaults": {"dataset": "a", "model": "b"},
+             "types": {"dataset": "str", "model": "str"}}  # fmt: skip
+    args = function_job_arguments({"dataset": "mnist", "model": "resnet", "runtime": "torch-distributed"}, fixed)
+    assert args["arguments"] == {"dataset": "mnist", "model": "resnet"}
+    assert args["artifacts"].dataset is None and args["artifacts"].model is None
+    taking = {**fixed, "source": "def f(dataset_dir: str): pass", "parameters": ["dataset_dir"], "defaults": {}, "types": {}}
+    artifact = SimpleNamespace(path="/in", uri="u", metadata={})
+    assert function_job_arguments({"dataset": artifact, "runtime": "r"}, taking)["artifacts"].dataset is artifact
