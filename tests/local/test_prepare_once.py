@@ -64,8 +64,8 @@ def counted(monkeypatch):
         return real_submit(self, manifest, runtime=runtime, stop=stop)
 
     monkeypatch.setattr(LocalBackend, "submit", submit)
-    for caller in ("validate", "render"):  # the two callers of the one builder
-        monkeypatch.setattr(importlib.import_module(f"kfp_trainer.spec.{caller}"), "build", build)
+    # validate and render build through one function, spec.validate.checked_build
+    monkeypatch.setattr(importlib.import_module("kfp_trainer.spec.validate"), "build", build)
     return counts
 
 
