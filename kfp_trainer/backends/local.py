@@ -62,7 +62,6 @@ from .local_runtime import (
     BUILTIN_RUNTIMES,
     RUNTIMES_ENV,
     WORKSPACE,
-    free_port,
     initializer_env,
     link_mounts,
     load_runtimes,
@@ -70,7 +69,7 @@ from .local_runtime import (
     node_env,
     trainer_command,
 )
-from .procs import ProcessId, descendants
+from .procs import ProcessId, descendants, free_port
 
 __all__ = ["BUILTIN_RUNTIMES", "LocalBackend", "default_root", "descendants", "free_port"]
 
