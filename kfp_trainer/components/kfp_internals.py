@@ -32,7 +32,7 @@ import re
 from typing import Any
 
 from kfp import dsl
-from kfp.dsl import pipeline_channel, pipeline_context
+from kfp.dsl import pipeline_channel, pipeline_context, utils
 from kfp.dsl.graph_component import GraphComponent
 
 #: A pipeline channel as it stands inside a string (an f-string of a pipeline parameter or an upstream output).
@@ -69,8 +69,6 @@ def is_channel(value: Any) -> bool:
 
 def unique_task_name(component_name: str) -> str:
     """The name KFP gives the next task of a component named ``component_name`` in the pipeline being built."""
-    from kfp.dsl import utils
-
     pipeline = default_pipeline()
     name = utils.maybe_rename_for_k8s(component_name)
     return utils.make_name_unique_by_adding_index(name, list(pipeline.tasks) if pipeline else [], "-")

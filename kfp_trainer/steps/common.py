@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..cancel import Stop, stopping
-from ..errors import ValidationError
+from ..errors import KfpTrainerError, ValidationError
 from ..redaction import scrub
 
 _UNRESOLVED = "{{$."
@@ -238,8 +238,6 @@ def finite(value: Any) -> bool:
 
 def exit_on_error(func: Callable[[], T]) -> T:
     """Run ``func``; on a :class:`~kfp_trainer.errors.KfpTrainerError` print it and exit with its code."""
-    from ..errors import KfpTrainerError
-
     try:
         return func()
     except KfpTrainerError as e:

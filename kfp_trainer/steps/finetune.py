@@ -45,6 +45,7 @@ from .finetune_inputs import (  # noqa: F401 - also imported from here
     torchtune_settings,
 )
 from .step_types import StepArtifacts, StepOptions, TrainerContext, TypedTrainer
+from .train_job import run_train_job
 
 if TYPE_CHECKING:
     from ..backends.base import RuntimeInfo
@@ -307,8 +308,6 @@ def run_torchtune_finetune(
     Returns:
         The launcher's ``Outcome``.
     """
-    from .train_job import run_train_job
-
     # What a built pipeline checked too; the TrainJob inputs are checked once, by prepare.
     read = read_torchtune({"method": method, "settings": settings, "sources": sources, "dataset_path": dataset_path,
                            "learning_rate": learning_rate, "seed": seed, "overrides": overrides})  # fmt: skip

@@ -29,6 +29,7 @@ from ..errors import InvalidSpecErrors, ValidationError
 from .arguments import SPECIAL, function_job_arguments
 from .common import run_step
 from .step_types import StepArtifacts, StepOptions, TrainerContext, TypedTrainer
+from .train_job import run_train_job
 
 if TYPE_CHECKING:
     from ..backends.base import RuntimeInfo
@@ -206,8 +207,6 @@ def run_function_job(
     Returns:
         The launcher's ``Outcome``.
     """
-    from .train_job import run_train_job
-
     trainer = FunctionTrainer(
         source=source, function=function, func_file=func_file, arguments=arguments, specials=specials,
         packages_to_install=packages_to_install, pip_index_urls=pip_index_urls,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .. import naming
 from ..errors import InvalidSpecErrors
 from ..spec.inputs import normalize_values
+from .checks import placeholder_errors
 from .common import (
     log,
     resolve_identity,
@@ -27,6 +28,7 @@ from .common import (
     stage,
     unresolved,
 )
+from .outputs import copy_out, log_metrics, record_model, write_report
 from .step_types import StepArtifacts, StepOptions, TrainerContext, TypedTrainer
 
 if TYPE_CHECKING:
@@ -87,8 +89,6 @@ def run_train_job(
     from ..prepare import prepare
     from ..spec import TrainJobInputs
     from ..taskconfig import merge_task_config
-    from .checks import placeholder_errors
-    from .outputs import copy_out, log_metrics, record_model, write_report
 
     given = identify(inputs, output_uri=str(getattr(artifacts.output_model, "uri", "") or ""))
     workspace_path = "" if unresolved(options.workspace_path) else options.workspace_path

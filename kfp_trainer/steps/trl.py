@@ -31,6 +31,7 @@ from ..errors import InvalidSpecErrors, ValidationError
 from .arguments import trl_arguments  # noqa: F401 - also imported from here
 from .common import log
 from .step_types import StepArtifacts, StepOptions, TrainerContext, TypedTrainer
+from .train_job import run_train_job
 
 if TYPE_CHECKING:
     from ..backends.base import RuntimeInfo
@@ -147,7 +148,6 @@ def run_trl_finetune(
         The launcher's ``Outcome``.
     """
     from ..llm.trl_config import trl_settings
-    from .train_job import run_train_job
 
     checked = trl_settings(method=method, extra_args=extra_args, **settings)
     errors = []
