@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ..spec import TrainJobInputs
     from ..staging import PathPlan
 
+_TEXTS = ("command", "args", "env")  # where the artifact placeholders may be
 MISSING_CONTEXT = (
     "warning: this task did not fill in its run context (run id, task name, workspace) -- was the component YAML loaded "
     "with kfp.components.load_component_from_*? That loader also drops the TaskConfig passthroughs (resources, "
@@ -198,8 +199,9 @@ class StepSetup:
 
         ctx, trainer = self.ctx, self.trainer
         values = trainer.configure(ctx, runtime, inputs) if trainer is not None else {}
-        texts = {"command": inputs.command, "args": inputs.args, "env": inputs.env}
-        texts.update({k: values[k] for k in texts if k in values})
+        # The texts given or configured (an args never set stays unset: the job then sends none, as the SDK's does).
+        texts = {k: getattr(inputs, k) for k in _TEXTS if k in inputs.model_fields_set}
+        texts.update({k: values[k] for k in _TEXTS if k in values})
         # What the trainer added may name an input not connected (the given inputs were checked before the runtime was read).
         errors = unconnected_placeholder_errors(texts, connected=self.connected)
         if errors:

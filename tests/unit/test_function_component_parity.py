@@ -224,3 +224,31 @@ def test_a_parameter_named_like_an_input_artifact_is_the_functions_own_value():
     taking = {**fixed, "source": "def f(dataset_dir: str): pass", "parameters": ["dataset_dir"], "defaults": {}, "types": {}}
     artifact = SimpleNamespace(path="/in", uri="u", metadata={})
     assert function_job_arguments({"dataset": artifact, "runtime": "r"}, taking)["artifacts"].dataset is artifact
+
+
+def test_the_step_sends_no_trainer_args_when_none_were_given_as_the_sdk_does(tmp_path, monkeypatch):
+    """Nothing sets args for a function: the TrainJob has no spec.trainer.args, as the SDK's CustomTrainer job has none."""
+    from kfp_trainer.jobstatus import JobStatus, Phase
+    from kfp_trainer.steps import StepArtifacts, StepOptions
+    from tests.fakes import FakeBackend
+
+    fake = FakeBackend([JobStatus(Phase.SUCCEEDED)], hold_logs=False)
+    monkeypatch.setattr("kfp_trainer.backends.select_backend", lambda kind="auto", **kw: fake)
+    fixed = {"source": "def hello():\n    print('hi')\n", "function": "hello", "func_file": "hello.py", "parameters": []}
+    args = function_job_arguments({"runtime": "torch-distributed", "run_id": "r1", "task_name": "hello"}, fixed)
+    out = tmp_path / "model"
+    args["artifacts"] = StepArtifacts(
+        output_model=SimpleNamespace(path=str(out), uri=str(out), metadata={}), metrics=SimpleNamespace(log_metric=lambda *a: None),
+        report=SimpleNamespace(path=str(tmp_path / "report.html")), trainjob_path=str(tmp_path / "trainjob"),
+    )  # fmt: skip
+    args["options"] = StepOptions(backend="kubernetes", start_timeout=0)
+    monkeypatch.setattr(FakeBackend, "runtime_info", lambda self, inputs: _torch_runtime(inputs))
+    steps_function.run_function_job(**args)
+    trainer = fake.submitted[0]["spec"]["trainer"]
+    assert "args" not in trainer and trainer["command"][:2] == ["bash", "-c"]
+
+
+def _torch_runtime(inputs):
+    from kfp_trainer.backends.base import RuntimeInfo
+
+    return RuntimeInfo.from_runtime(runtime_doc(), name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", num_nodes=None)
