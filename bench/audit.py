@@ -22,9 +22,10 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from kfp_trainer.timestamps import parse_timestamp
 
 IDENTITY_NS = "kfp-bench"  # the launchers' service accounts live here; their jobs too
 USER_PREFIX = f"system:serviceaccount:{IDENTITY_NS}:"
@@ -51,7 +52,10 @@ def stamp(text: str) -> float:
         >>> stamp("1970-01-01T00:01:00.5Z")
         60.5
     """
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    parsed = parse_timestamp(text)
+    if parsed is None:
+        raise ValueError(f"not an RFC 3339 UTC timestamp: {text!r}")
+    return parsed[0] + parsed[1] / 1e9
 
 
 @dataclass

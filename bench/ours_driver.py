@@ -43,6 +43,7 @@ def main(argv: list[str]) -> int:
         return 2
     from kfp_trainer.backends.kubernetes import KubernetesBackend
     from kfp_trainer.launcher import Launcher, LaunchOptions
+    from kfp_trainer.prepare import prepare
     from kfp_trainer.spec import TrainJobInputs
 
     with open(argv[1]) as f:
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
                 namespace=spec["namespace"],
                 pod_annotations=spec["annotations"],
             )
-            outcome = Launcher(backend, LaunchOptions(logs=spec["logs"]), out=_Discard()).run(inputs)
+            outcome = Launcher(backend, LaunchOptions(logs=spec["logs"]), out=_Discard()).run(prepare(backend, inputs))
             emit(f"BENCH done {identity} {outcome.ref.name} {time.time():.6f} {outcome.phase.value}")
         except Exception as e:  # reported, counted as a failed launch
             emit(f"BENCH failed {identity} {type(e).__name__}: {str(e)[:200]!r}")

@@ -24,6 +24,7 @@ within seconds, in one line); 130 cancelled; 141 the reader of the output went a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -158,10 +159,12 @@ def cmd_render(ns: argparse.Namespace) -> int:
 
 def cmd_launch(ns: argparse.Namespace) -> int:
     """Run one TrainJob to its end and print a summary."""
+    from .cancel import Stop
     from .launcher import Launcher, LaunchOptions
-    from .prepare import check_inputs
+    from .prepare import check_inputs, prepare
     from .spec import check_launch_options
 
+    stop: Stop = getattr(ns, "stop", None) or Stop()  # run_command's: a stop signal from the first instruction on
     inputs = inputs_from_args(ns)
     check_launch_options(start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, queue_timeout=ns.queue_timeout, logs=ns.logs)
     # every check the inputs alone can fail is made before a connection: bad input is exit 2 even with no cluster
@@ -173,12 +176,13 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     else:
         from .backends.kubernetes import KubernetesBackend
 
-        backend = KubernetesBackend.from_config(ns.kubeconfig, fail_fast=True, api_version=ns.api_version)
+        # a stop signal while connecting is a cancel, not an unreachable cluster
+        backend = KubernetesBackend.from_config(ns.kubeconfig, fail_fast=True, api_version=ns.api_version, stop=stop)
     options = LaunchOptions(
         start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, queue_timeout=ns.queue_timeout, logs=ns.logs,
         delete_after_success=ns.delete_after_success,
     )
-    outcome = Launcher(backend, options).run(inputs)
+    outcome = Launcher(backend, options, stop=stop).run(prepare(backend, inputs, stop=stop))
     summary = {"trainjob": str(outcome.ref), "phase": outcome.phase.value, "metrics": outcome.metrics.final(), "seconds": outcome.times}
     write(summary, ns.output, indent=None)  # json on one line, as before -o existed
     return 0
@@ -261,21 +265,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_command(args: list[str]) -> int:
     """Parse ``args`` and run the command; a :class:`KfpTrainerError` becomes one ``error:`` message and its exit code."""
     try:
-        if args[:1] == ["launch"]:  # from here on a stop signal ends with the job deleted or never created
-            from . import cancel
-
-            cancel.install()
-        ns = parse(build_parser(), args)
-        logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-        code = int(ns.func(ns) or 0)
-        if args[:1] == ["launch"]:  # a stop signal while it finished still ends it cancelled
-            from . import cancel
-
-            cancel.check()
-        return code
+        # launch: from here on a stop signal ends with the job deleted or never created (and, while it
+        # finished, still ends it cancelled); the token goes down to the command through ``ns.stop``.
+        with _stopping(args[:1] == ["launch"]) as stop:
+            ns = parse(build_parser(), args)
+            ns.stop = stop
+            logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+            return int(ns.func(ns) or 0)
     except KfpTrainerError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+
+
+def _stopping(wanted: bool) -> Any:
+    """:func:`kfp_trainer.cancel.stopping` when ``wanted``, else a context that yields None."""
+    if not wanted:
+        return contextlib.nullcontext(None)
+    from .cancel import stopping
+
+    return stopping()
 
 
 def parse(parser: argparse.ArgumentParser, args: Sequence[str]) -> argparse.Namespace:

@@ -284,14 +284,21 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``kfp-trainer compile`` (the same as ``python -m kfp_trainer.compile``).
+    """``kfp-trainer compile`` on its own (``python -m kfp_trainer.compile``): the same flags, errors and exit codes.
 
     Returns:
         The command's exit code: 0, 1 when ``--check`` finds stale files, 2 on bad input.
     """
-    from .cli import main as cli_main
+    from .errors import KfpTrainerError
 
-    return cli_main(["compile", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="kfp-trainer compile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(ns)
+    except KfpTrainerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -25,13 +25,15 @@ Example:
 from __future__ import annotations
 
 import argparse
-import calendar
 import json
 import re
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from .timestamps import parse_timestamp
+from .timing import duration
 
 MANAGED_BY = "app.kubernetes.io/managed-by=kfp-trainer"
 WORKFLOW_RUN_LABEL = "pipeline/runid"
@@ -55,25 +57,13 @@ def parse_age(text: str) -> float:
 
 
 def format_age(seconds: float) -> str:
-    """A short age for the table.
+    """A short age for the table (:func:`kfp_trainer.timing.duration`, compact).
 
     Example:
         >>> format_age(93784)
         '1d2h'
     """
-    seconds = max(0, int(seconds))
-    for unit, size, smaller, small_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
-        if seconds >= size:
-            rest = (seconds % size) // small_size
-            return f"{seconds // size}{unit}" + (f"{rest}{smaller}" if rest else "")
-    return f"{seconds}s"
-
-
-def _epoch(stamp: str) -> float | None:
-    try:
-        return float(calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")))
-    except (ValueError, TypeError):
-        return None
+    return duration(seconds, compact=True)
 
 
 @dataclass
@@ -157,7 +147,8 @@ class Collector:
 
         meta = job["metadata"]
         labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
-        created = _epoch(meta.get("creationTimestamp") or "")
+        stamp = parse_timestamp(str(meta.get("creationTimestamp") or ""))
+        created = float(stamp[0]) if stamp else None
         status = trainjob_status(job)
         state = "Deleting" if meta.get("deletionTimestamp") else status.phase.value
         found = Candidate(

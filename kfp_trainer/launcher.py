@@ -1,4 +1,4 @@
-"""One TrainJob's life: validate -> resolve runtime -> render -> submit/adopt -> follow -> outcome.
+"""One prepared TrainJob's life (:mod:`kfp_trainer.prepare` makes it): submit/adopt -> follow -> outcome.
 
 The launcher is the same for every backend. It owns the policies a pipeline step needs:
 
@@ -11,11 +11,11 @@ The launcher is the same for every backend. It owns the policies a pipeline step
   (:mod:`kfp_trainer.trainer_status`);
 * "cannot start" detection: a blocker the backend reports (``TrainJobResourcesCreationFailed``,
   an unschedulable pod, an image that cannot be pulled) that lasts longer than its grace;
-* SIGTERM/SIGINT (a KFP cancel), from the first instruction on, ends with the TrainJob
-  deleted or never created: the signal is recorded and acted on where the launcher waits (each
-  status or heartbeat, before and after the create request), so a signal during the create
-  waits for its answer, then deletes what it made, and nothing interrupts a deletion
-  (:mod:`kfp_trainer.cancel`); it exits with :class:`~kfp_trainer.errors.CancelledError`;
+* SIGTERM/SIGINT (a KFP cancel) ends with the TrainJob deleted or never created: the entry
+  point's stop token (:mod:`kfp_trainer.cancel`), handed to the launcher, is looked at where
+  the launcher waits (each status or heartbeat, before and after the create request), so a
+  signal during the create waits for its answer, then deletes what it made, and nothing
+  interrupts a deletion; it exits with :class:`~kfp_trainer.errors.CancelledError`;
 * deleting waits, bounded, until the job's JobSet, Jobs and pods are gone, and says what is
   left and how to remove it;
 * a TrainJob deleted by someone else (gone, or ``deletionTimestamp`` set) ends the step at once,
@@ -27,8 +27,10 @@ The launcher is the same for every backend. It owns the policies a pipeline step
 
 Example:
     >>> from kfp_trainer.backends.kubernetes import KubernetesBackend  # doctest: +SKIP
-    >>> outcome = Launcher(KubernetesBackend.from_config()).run(
-    ...     TrainJobInputs(runtime="torch-distributed", run_id="r1", task_name="train"))  # doctest: +SKIP
+    >>> backend = KubernetesBackend.from_config()  # doctest: +SKIP
+    >>> with stopping() as stop:  # doctest: +SKIP
+    ...     job = prepare(backend, TrainJobInputs(runtime="torch-distributed", run_id="r1", task_name="train"), stop=stop)
+    ...     outcome = Launcher(backend, stop=stop).run(job)
 """
 
 from __future__ import annotations
@@ -41,15 +43,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from . import cancel, spec
-from .backends.base import Backend, Blocker, JobHandle, RuntimeInfo, Submission
+from . import spec
+from .backends.base import Backend, Blocker, JobHandle, Submission
 from .backends.deletion import RETRY
+from .cancel import Stop
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
 from .jobstatus import JobRef, JobStatus, Phase
 from .metrics import MetricSeries, from_trainer_status
-from .prepare import PreparedJob, prepare
+from .prepare import PreparedJob
 from .relay import Printer
-from .spec import TrainJobInputs
 from .timing import PREEMPTED, PhaseTimes, duration
 from .trainer_status import ProgressLog
 
@@ -128,13 +130,6 @@ class _Follow:
         )
 
 
-def _handle(submission: Submission) -> JobHandle:
-    """The submitted job's handle (every backend's submit sets it)."""
-    if submission.job is None:
-        raise TypeError(f"the backend's submit returned no handle for TrainJob {submission.ref}")
-    return submission.job
-
-
 def _close(statuses: Iterator[JobStatus | None]) -> None:
     close = getattr(statuses, "close", None)  # a generator's; a plain iterator has none
     if close is not None:
@@ -152,27 +147,25 @@ class Launcher:
         out: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_submitted: Callable[[JobRef], None] | None = None,
+        stop: Stop | None = None,
     ) -> None:
         self.backend = backend
         self.options = options
         self.out = out or sys.stdout
         self.clock = clock
         self.on_submitted = on_submitted
+        self.stop = stop if stop is not None else Stop()
 
     def say(self, message: str) -> None:
         """A launcher message in the step's log."""
         self.out.write(f"[kfp-trainer] {message}\n")
         self.out.flush()
 
-    def prepare(self, inputs: TrainJobInputs) -> PreparedJob:
-        """Check the inputs, read the runtime, render: :func:`kfp_trainer.prepare.prepare` on this backend."""
-        return prepare(self.backend, inputs)
+    def run(self, job: PreparedJob) -> Outcome:
+        """Run the TrainJob ``job`` (:func:`kfp_trainer.prepare.prepare`'s) to its end.
 
-    def run(self, job: PreparedJob | TrainJobInputs) -> Outcome:
-        """Run the TrainJob ``job`` (prepared, or its inputs, prepared here) to its end.
-
-        Stop signals are handled from the first instruction (installed here unless the entry
-        point did it earlier): nothing is created after one, and what was created is deleted.
+        A stop request on the launcher's token (``stop``) before the create leaves nothing
+        created; after it, what was created is deleted.
 
         Raises:
             UserError: Invalid inputs, missing runtime, forbidden, ownership conflict.
@@ -180,45 +173,43 @@ class Launcher:
             CancelledError: SIGTERM/SIGINT; the job was deleted (or never created).
             InfraError: The cluster stayed unreachable; the job was left to a retry.
         """
-        with cancel.handling():
-            job = job if isinstance(job, PreparedJob) else self.prepare(job)
-            manifest, api_version, runtime = job.manifest, job.api_version, job.runtime_name
-            cancel.check()  # a stop signal while preparing: nothing was created
-            submission = self._submit(manifest, job.runtime)
-            handle = _handle(submission)
-            outcome: Outcome | None = None
-            try:
-                cancel.check()  # a stop signal while submit returned: the job is known, and deleted below
-                outcome = Outcome(
-                    ref=submission.ref,
-                    manifest=manifest,
-                    phase=Phase.PENDING,
-                    adopted=submission.adopted,
-                    replaced=submission.replaced,
-                    runtime=runtime,
-                    api_version=api_version,
-                )
-                self._announce(submission, handle, outcome)
-                self._follow(outcome, handle)
-            except (CancelledError, TimeLimitError, CannotStartError) as e:
-                if outcome is not None and outcome.phase is Phase.DELETED:  # someone else is deleting it: theirs to finish
-                    self.say(f"{type(e).__name__}: TrainJob {submission.ref} is being deleted by someone else; left to them")
-                    raise
-                self.say(f"{type(e).__name__}: deleting TrainJob {submission.ref}")
-                self._delete(handle)
+        self.stop.check()  # a stop signal while preparing: nothing was created
+        submission = self._submit(job)
+        handle = submission.job
+        outcome: Outcome | None = None
+        try:
+            self.stop.check()  # a stop signal while submit returned: the job is known, and deleted below
+            outcome = Outcome(
+                ref=submission.ref,
+                manifest=job.manifest,
+                phase=Phase.PENDING,
+                adopted=submission.adopted,
+                replaced=submission.replaced,
+                runtime=job.runtime_name,
+                api_version=job.api_version,
+            )
+            self._announce(submission, handle, outcome)
+            self._follow(outcome, handle)
+        except (CancelledError, TimeLimitError, CannotStartError) as e:
+            if outcome is not None and outcome.phase is Phase.DELETED:  # someone else is deleting it: theirs to finish
+                self.say(f"{type(e).__name__}: TrainJob {submission.ref} is being deleted by someone else; left to them")
                 raise
-            except InfraError:
-                self.say(f"lost the API server; TrainJob {submission.ref} is left running for a retry to adopt")
-                raise
-            finally:
-                handle.release()
-            if self.options.delete_after_success:
-                self._delete(handle)
+            self.say(f"{type(e).__name__}: deleting TrainJob {submission.ref}")
+            self._delete(handle)
+            raise
+        except InfraError:
+            self.say(f"lost the API server; TrainJob {submission.ref} is left running for a retry to adopt")
+            raise
+        finally:
+            handle.release()
+        if self.options.delete_after_success:
+            self._delete(handle)
         return outcome
 
-    def _submit(self, manifest: dict[str, Any], runtime: RuntimeInfo) -> Submission:
+    def _submit(self, job: PreparedJob) -> Submission:
+        manifest = job.manifest
         try:
-            return self.backend.submit(manifest, runtime=runtime)
+            return self.backend.submit(manifest, runtime=job.runtime, stop=self.stop)
         except CancelledError:
             # The create request may have reached the server: find the job by name and lineage, delete it.
             try:
@@ -262,7 +253,7 @@ class Launcher:
         try:
             logs_thread = self._start_logs(handle, follow, printer, stop)  # inside: a cancel right after stops it below
             for status in statuses:
-                cancel.check()  # at each status and heartbeat
+                self.stop.check()  # at each status and heartbeat
                 now = self.clock()
                 if follow.started_at and not follow.times.started:  # the trainer printed before its pod turned ready
                     follow.times.observe(Phase.RUNNING, follow.started_at[0])
@@ -277,7 +268,7 @@ class Launcher:
             outcome.log_lines = printer.count
             outcome.times, outcome.queue, outcome.progress = follow.times.totals(self.clock()), follow.queue, list(follow.progress.history)
             outcome.preemptions = follow.times.preemptions
-        cancel.check()  # a stop signal while the log drained: the job is deleted like any other
+        self.stop.check()  # a stop signal while the log drained: the job is deleted like any other
         self._conclude(outcome, follow, handle)
 
     def _mark_started(self, outcome: Outcome, follow: _Follow) -> None:
@@ -301,7 +292,7 @@ class Launcher:
         if thread is None or thread.ident is None:
             return
         stop.set()  # followers read what is left and return
-        cancel.join(thread, drain)  # a stop signal cuts the drain short
+        self.stop.join(thread, drain)  # a stop signal cuts the drain short
 
     def _observe(self, outcome: Outcome, follow: _Follow, status: JobStatus, now: float) -> bool:
         """Take in one status; True when the job has finished."""
@@ -424,7 +415,7 @@ class Launcher:
             raise
         except Exception as e:  # the diagnosis must not hide the failure itself
             report = f"(diagnosis unavailable: {e})"
-        cancel.check()  # diagnosing takes requests: a stop signal meanwhile wins over the failure
+        self.stop.check()  # diagnosing takes requests: a stop signal meanwhile wins over the failure
         if blockers:
             report = "Blockers:\n" + "\n".join(f"  {b}" for b in blockers) + ("\n\n" + report if report else "")
         return report + "\n\nInspect with:\n" + handle.inspect_hint()

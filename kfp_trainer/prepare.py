@@ -1,29 +1,36 @@
-"""The one way from TrainJob inputs to a manifest ready to submit: check, read the runtime, render -- once.
+"""The one way from TrainJob inputs to a manifest ready to submit: check, read the runtime, configure, render.
 
-A step makes one :class:`PreparedJob` with :func:`prepare` and hands it to
-:meth:`~kfp_trainer.launcher.Launcher.run`; nothing is written before it exists, so every
-input problem (the runtime's Trainer version and host-access policy included) fails the
-step before a copy, a folder or a TrainJob is made.
+A step (or ``kfp-trainer launch``) makes one :class:`PreparedJob` with :func:`prepare` and hands
+it to :meth:`~kfp_trainer.launcher.Launcher.run`; nothing is written before it exists, so every
+input problem (the runtime's Trainer version and host-access policy included) fails the step
+before a copy, a folder or a TrainJob is made. In order, each once:
 
-1. the inputs are checked with what is known without the cluster (skipped when the caller
-   already read the runtime: it checked the inputs before that read);
+1. the inputs are checked with what is known without the cluster (before any API request: a
+   bad namespace or runtime name never reaches a URL);
 2. the namespace defaults to the backend's;
-3. the runtime is read (once; a typed trainer's step reads it earlier, to configure itself,
-   and passes it in);
-4. the manifest is rendered for the runtime's Trainer API, name budget, replicated jobs,
-   init containers and host-access policy, and checked again with those facts;
-5. it is annotated with this launcher as its owner (:mod:`kfp_trainer.backends.owner`).
+3. the runtime is read;
+4. a typed trainer (:class:`Configurer`) completes the inputs for that runtime;
+5. the manifest is rendered for the runtime's Trainer API, name budget, replicated jobs,
+   init containers and host-access policy -- every check again, now with those facts -- and
+6. annotated with this launcher as its owner (:mod:`kfp_trainer.backends.owner`).
+
+Example:
+    >>> from kfp_trainer.backends.local import LocalBackend
+    >>> job = prepare(LocalBackend(), TrainJobInputs(runtime="torch-distributed", run_id="r1", task_name="train"))
+    >>> job.runtime_name, job.manifest["kind"]
+    ('ClusterTrainingRuntime/torch-distributed', 'TrainJob')
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from . import naming, spec
 from .backends import owner
 from .backends.base import Backend, RuntimeInfo
+from .cancel import Stop
 from .spec import TrainJobInputs
 
 
@@ -46,9 +53,11 @@ class PreparedJob:
         return f"{self.runtime.kind}/{self.runtime.name}"
 
 
-def is_local(backend: Backend) -> bool:
-    """Whether ``backend`` runs jobs on this machine (then local-only URIs are fine)."""
-    return backend.local
+class Configurer(Protocol):
+    """What completes the inputs once the runtime is known (a typed trainer's step)."""
+
+    def configure(self, runtime: RuntimeInfo, inputs: TrainJobInputs) -> TrainJobInputs:
+        """The inputs to render for ``runtime``: ``inputs`` completed; reads only, writes nothing."""
 
 
 def check_inputs(inputs: TrainJobInputs, *, local: bool, api_version: spec.ApiVersion | None = None) -> TrainJobInputs:
@@ -70,30 +79,31 @@ def check_inputs(inputs: TrainJobInputs, *, local: bool, api_version: spec.ApiVe
     return spec.validate(inputs, api_version=api_version, local=local)
 
 
-def prepare(backend: Backend, inputs: TrainJobInputs, *, runtime: RuntimeInfo | None = None) -> PreparedJob:
-    """Check ``inputs``, read their runtime (unless given) and render the manifest, each once.
+def prepare(backend: Backend, inputs: TrainJobInputs, *, trainer: Configurer | None = None, stop: Stop | None = None) -> PreparedJob:
+    """Check ``inputs``, read their runtime, let ``trainer`` complete them, and render the manifest, each once.
 
     Args:
         backend: Where the job will run.
-        inputs: What to run.
-        runtime: The runtime as the caller read it from ``backend`` for these inputs' runtime
-            (a typed trainer's step); it is read here when None or another runtime.
+        inputs: What to run (a typed trainer's: what the step was given).
+        trainer: Completes the inputs for the runtime read (see :class:`Configurer`).
+        stop: The run's stop token: a stop requested before or while the runtime is read ends
+            the preparation there (:class:`~kfp_trainer.errors.CancelledError`).
 
     Raises:
         InvalidSpecErrors: Any input is invalid (all problems listed).
         RuntimeNotFoundError: The runtime does not exist.
     """
-    local = is_local(backend)
-    known = runtime is not None and (runtime.kind, runtime.name) == (inputs.runtime_kind, inputs.runtime)
-    if not known:  # everything checkable before the first API call
-        check_inputs(inputs, local=local)
+    stop = stop if stop is not None else Stop()
+    local = backend.local
+    check_inputs(inputs, local=local)  # everything checkable before the first API call
     if not inputs.namespace:
         inputs = inputs.model_copy(update={"namespace": backend.default_namespace()})
-    if known:
-        assert runtime is not None
-        info = _with_nodes(runtime, inputs.num_nodes)
-    else:
-        info = backend.resolve_runtime(inputs)
+    stop.check()
+    info = backend.resolve_runtime(inputs)
+    stop.check()
+    if trainer is not None:
+        inputs = trainer.configure(info, inputs)
+        info = _with_nodes(info, inputs.num_nodes)
     budget = min(naming.max_name_length(), naming.max_name_length(info.replicated_jobs))
     manifest = spec.render(
         inputs, api_version=info.api_version, runtime_jobs=info.job_names, max_name_length=budget, local=local,
@@ -103,7 +113,7 @@ def prepare(backend: Backend, inputs: TrainJobInputs, *, runtime: RuntimeInfo | 
 
 
 def _with_nodes(info: RuntimeInfo, num_nodes: int | None) -> RuntimeInfo:
-    """``info`` read without a node count, for a job of ``num_nodes`` trainer nodes (the runtime's when None)."""
+    """``info`` for a job of ``num_nodes`` trainer nodes (unchanged when None or already so)."""
     if not num_nodes or info.nodes == num_nodes:
         return info
     jobs = tuple((name, num_nodes if name == "node" else pods) for name, pods in info.replicated_jobs)

@@ -22,18 +22,15 @@ Example:
 from __future__ import annotations
 
 import datetime as _dt
-import html
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .redaction import redact_text, shorten
-from .svg import MAX_POINTS, downsample, svg_chart
+from .redaction import redact_text
+from .svg import MAX_POINTS, MAX_TEXT, downsample, escape, number, svg_chart
 from .timing import PREEMPTED, STATES, duration
 
 MAX_CHARTS = 12
 MAX_TIMELINE = 200
-MAX_TEXT = 2000
 
 _CSS = """
 body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:16px;color:#202124;font-size:14px}
@@ -48,35 +45,20 @@ svg text{font-size:10px;fill:#5f6368}
 """
 
 
-def _esc(value: Any, limit: int = MAX_TEXT) -> str:
-    text = "" if value is None else shorten(str(value), limit)
-    return html.escape(text, quote=True)
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return _esc(value)
-    if not math.isfinite(value):
-        return _esc(value)
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    return f"{value:.6g}"
-
-
 def _when(ts: Any) -> str:
     try:
         return _dt.datetime.fromtimestamp(float(ts), tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     except (TypeError, ValueError, OverflowError, OSError):
-        return _esc(ts)
+        return escape(ts)
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[bool] | None = None) -> str:
     numeric = numeric or [False] * len(headers)
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers) if any(headers) else ""
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers) if any(headers) else ""
     body = []
     for row in rows:
         cells = "".join(
-            f'<td class="n">{_fmt(v)}</td>' if numeric[i] else f"<td>{_esc(v)}</td>" for i, v in enumerate(row)
+            f'<td class="n">{number(v)}</td>' if numeric[i] else f"<td>{escape(v)}</td>" for i, v in enumerate(row)
         )
         body.append(f"<tr>{cells}</tr>")
     head_row = f"<tr>{head}</tr>" if head else ""
@@ -156,8 +138,8 @@ def render_html(data: Mapping[str, Any]) -> str:
     phase = str(data.get("phase", ""))
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>TrainJob {_esc(data.get('trainjob', ''), 200)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>TrainJob {_esc(data.get('trainjob', ''), 200)} <span class='badge {_esc(phase, 20)}'>{_esc(phase, 40)}</span></h1>",
+        f"<title>TrainJob {escape(data.get('trainjob', ''), 200)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>TrainJob {escape(data.get('trainjob', ''), 200)} <span class='badge {escape(phase, 20)}'>{escape(phase, 40)}</span></h1>",
         _table(["", ""], _summary_rows(data)),
     ]
     metrics: Mapping[str, Any] = data.get("metrics") or {}
@@ -226,7 +208,7 @@ def _progress_section(history: Sequence[Any]) -> list[str]:
     last = points[-1]
     rows: list[tuple[str, Any]] = []
     if last.get("percent") is not None:
-        rows.append(("progress", f"{_fmt(last['percent'])}%"))
+        rows.append(("progress", f"{number(last['percent'])}%"))
     if last.get("eta") is not None:
         rows.append(("estimated time left", duration(float(last["eta"]))))
     rows.append(("last reported", last.get("updated") or ""))
@@ -267,7 +249,7 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     """
 
     def cell(value: Any) -> str:
-        text = _fmt(value) if isinstance(value, (int, float)) else redact_text(str("" if value is None else value))
+        text = number(value) if isinstance(value, (int, float)) else redact_text(str("" if value is None else value))
         return text.replace("|", "\\|").replace("\n", " ")[:MAX_TEXT]
 
     lines = [f"# TrainJob {cell(data.get('trainjob', ''))}: {cell(data.get('phase', ''))}", "", "| | |", "|---|---|"]

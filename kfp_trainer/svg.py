@@ -15,16 +15,29 @@ from typing import Any
 from .redaction import shorten
 
 MAX_POINTS = 400  # per curve, after downsampling
+MAX_TEXT = 2000  # characters of one value shown in a chart or the report
 
 
-def _esc(value: Any, limit: int = 2000) -> str:
+def escape(value: Any, limit: int = MAX_TEXT) -> str:
+    """``value`` as text safe in HTML and SVG (an attribute too), shortened to ``limit`` characters.
+
+    Example:
+        >>> escape('<b a="1">')
+        '&lt;b a=&quot;1&quot;&gt;'
+    """
     text = "" if value is None else shorten(str(value), limit)
     return html.escape(text, quote=True)
 
 
-def _fmt(value: Any) -> str:
+def number(value: Any) -> str:
+    """A number as a chart or table shows it (whole numbers without ``.0``, others to 6 digits); anything else escaped.
+
+    Example:
+        >>> number(3.0), number(0.123456789), number(float("nan")), number(True)
+        ('3', '0.123457', 'nan', 'True')
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return _esc(value)
+        return escape(value)
     if value == int(value) and abs(value) < 1e15:
         return str(int(value))
     return f"{value:.6g}"
@@ -61,7 +74,7 @@ def downsample(points: Sequence[tuple[float, float]], limit: int = MAX_POINTS) -
 
 def _axis(value: float) -> str:
     """A short axis label: at most 4 significant digits."""
-    return _esc(f"{value:.4g}")
+    return escape(f"{value:.4g}")
 
 
 def _series_xy(points: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[float, float]], str]:
@@ -79,7 +92,7 @@ def svg_chart(name: str, points: Iterable[Mapping[str, Any]], *, width: int = 36
     xy = downsample(xy)
     left, right, top, bottom = 60, 10, 20, 28
     w, h = width - left - right, height - top - bottom
-    title = f'<text x="{left}" y="13" style="font-size:12px;fill:#202124;font-weight:600">{_esc(name, 80)}</text>'
+    title = f'<text x="{left}" y="13" style="font-size:12px;fill:#202124;font-weight:600">{escape(name, 80)}</text>'
     if not xy:
         empty = f'<text x="{left}" y="{top + 20}">no values</text>'
         return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{title}{empty}</svg>'
@@ -100,14 +113,14 @@ def svg_chart(name: str, points: Iterable[Mapping[str, Any]], *, width: int = 36
 
     coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in xy)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{_esc(name, 80)}">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{escape(name, 80)}">',
         title,
         f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#dadce0"/>',
         f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{_axis(y1)}</text>',
         f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_axis(y0)}</text>',
-        f'<text x="{left}" y="{height - 14}">{_fmt(x0)}</text>',
-        f'<text x="{left + w}" y="{height - 14}" text-anchor="end">{_fmt(x1)}</text>',
-        f'<text x="{left + w / 2:.0f}" y="{height - 3}" text-anchor="middle">{_esc(xlabel)}</text>',
+        f'<text x="{left}" y="{height - 14}">{number(x0)}</text>',
+        f'<text x="{left + w}" y="{height - 14}" text-anchor="end">{number(x1)}</text>',
+        f'<text x="{left + w / 2:.0f}" y="{height - 3}" text-anchor="middle">{escape(xlabel)}</text>',
     ]
     if len(xy) == 1:
         parts.append(f'<circle cx="{sx(xy[0][0]):.1f}" cy="{sy(xy[0][1]):.1f}" r="3" fill="#1a73e8"/>')

@@ -97,13 +97,22 @@ class PhaseTimes:
         return None
 
 
-def duration(seconds: float) -> str:
-    """``3725`` -> ``1h 2m 5s``.
+def duration(seconds: float, *, compact: bool = False) -> str:
+    """``3725`` -> ``1h 2m 5s``; ``compact`` (a table's age): the two largest units from days, no spaces.
 
     Example:
         >>> duration(3725), duration(59.6), duration(0)
         ('1h 2m 5s', '1m 0s', '0s')
+        >>> duration(93784, compact=True), duration(3725, compact=True), duration(86400, compact=True)
+        ('1d2h', '1h2m', '1d')
     """
+    if compact:
+        whole = max(0, int(seconds))
+        for unit, size, smaller, small_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+            if whole >= size:
+                rest = (whole % size) // small_size
+                return f"{whole // size}{unit}" + (f"{rest}{smaller}" if rest else "")
+        return f"{whole}s"
     total = int(round(seconds))
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)

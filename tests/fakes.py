@@ -16,24 +16,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import pytest
-
-from kfp_trainer import cancel
 from kfp_trainer.backends.base import Backend, Blocker, JobHandle, LogLine, LogSink, RuntimeInfo, Submission
+from kfp_trainer.cancel import Stop
 from kfp_trainer.jobstatus import JobRef, JobStatus
-
-
-@pytest.fixture(autouse=True)
-def fresh_stop_signals() -> Iterator[None]:
-    """Each test starts as a new process does: no stop-signal handlers of ours, nothing recorded.
-
-    A step's entry point leaves its handlers installed (the process ends after it), so an
-    earlier test that ran one would otherwise hand its record to the next. Import it into a
-    test module to use it there.
-    """
-    cancel.uninstall()
-    yield
-    cancel.uninstall()
 
 
 class FakeClock:
@@ -185,17 +170,18 @@ class FakeBackend(Backend):
     def create(self, manifest: dict[str, Any]) -> None:
         """What the create request does (a subclass may write files)."""
 
-    def submit(self, manifest: dict[str, Any], *, runtime: Any = None) -> Submission:
+    def submit(self, manifest: dict[str, Any], *, runtime: Any = None, stop: Stop | None = None) -> Submission:
         name = manifest["metadata"]["name"]
         self.calls.append(("submit", name))
         self.submitted.append(copy.deepcopy(manifest))
         self._hook("create")  # while the create request is in flight
         self.create(manifest)
         self.exists = True
-        cancel.check()  # as the Kubernetes backend once its create request returned
+        if stop is not None:
+            stop.check()  # as the Kubernetes backend once its create request returned
         ref = JobRef(manifest["metadata"].get("namespace") or self.namespace, name, "uid-1")
         self.jobs.append(self.job_type(self, ref))
-        return Submission(ref, adopted=False, notes=self.notes, job=self.jobs[-1])
+        return Submission(self.jobs[-1], adopted=False, notes=self.notes)
 
     def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
         self.reclaimed.append(manifest["metadata"]["name"])

@@ -7,7 +7,7 @@ the rest through it:
 
     info = backend.resolve_runtime(inputs)          # the runtime exists? which API version?
     manifest = spec.render(inputs, api_version=info.api_version, ...)
-    sub = backend.submit(manifest, runtime=info)    # create, or adopt the job of an earlier try
+    sub = backend.submit(manifest, runtime=info, stop=stop)  # create, or adopt the job of an earlier try
     job = sub.job
     for status in job.watch(): ...                  # status changes; None = heartbeat
     job.follow_logs(nodes=..., sink=..., stop=...)  # in a thread
@@ -15,8 +15,9 @@ the rest through it:
     job.delete()                                    # on cancel, time limit, or clean-up
     job.release()                                   # stop what is kept running for it
 
-The backend itself keeps no per-job state. Besides ``submit`` it deletes a job it holds no
-handle for (``delete(ref)``: garbage collection, the command line) and ``reclaim(manifest,
+The backend itself keeps no per-job state, and a handle reads nothing of its backend. Besides
+``submit`` (which looks at the run's stop token, :class:`kfp_trainer.cancel.Stop`, where it
+waits) it deletes a job it holds no handle for (``delete(ref)``: garbage collection, the command line) and ``reclaim(manifest,
 wait=...)``, with a default that does nothing, deletes the job a cancelled
 :meth:`~Backend.submit` may have created (and says what it did). The job's identity and status
 types live in :mod:`kfp_trainer.jobstatus`.
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cancel import Stop
 from ..errors import OwnershipError
 from ..jobstatus import JobRef, JobStatus, Phase
 from ..spec import ALLOW_HOST_ACCESS_ANNOTATION, LABEL_DIGEST, LABEL_RUN, LABEL_TASK, ApiVersion, TrainJobInputs, dig
@@ -101,13 +103,17 @@ class RuntimeInfo:
 
 @dataclass(frozen=True)
 class Submission:
-    """Result of :meth:`Backend.submit`: the job's ref, how it came to be, and its handle."""
+    """Result of :meth:`Backend.submit`: the job's handle, and how the job came to be."""
 
-    ref: JobRef
+    job: JobHandle
     adopted: bool  # True when an earlier try's TrainJob was found and followed
     replaced: bool = False  # True when an earlier try's Failed TrainJob was replaced
     notes: tuple[str, ...] = ()  # what else submitting did, for the step's log (e.g. a stale job replaced)
-    job: JobHandle | None = field(default=None, compare=False, repr=False)  # set by every backend's submit
+
+    @property
+    def ref(self) -> JobRef:
+        """The submitted job."""
+        return self.job.ref
 
 
 @dataclass(frozen=True)
@@ -182,7 +188,7 @@ class JobHandle(abc.ABC):
         """Yield the job's status whenever it changes, and ``None`` as a heartbeat.
 
         The heartbeat comes at least every :data:`kfp_trainer.cancel.TICK` seconds or so:
-        the launcher looks for a stop signal at each item (``cancel.check``).
+        the launcher looks at its stop token at each item (``Stop.check``).
         """
 
     @abc.abstractmethod
@@ -245,15 +251,16 @@ class Backend(abc.ABC):
         """Namespace to use when the inputs name none."""
 
     @abc.abstractmethod
-    def submit(self, manifest: dict[str, Any], *, runtime: RuntimeInfo | None = None) -> Submission:
+    def submit(self, manifest: dict[str, Any], *, runtime: RuntimeInfo | None = None, stop: Stop | None = None) -> Submission:
         """Create the TrainJob, or adopt the one an earlier try of this task created.
 
         ``runtime`` is what the manifest was rendered for (:class:`kfp_trainer.prepare.PreparedJob`):
         the returned :attr:`Submission.job` keeps it (e.g. how many nodes' logs to follow).
+        ``stop`` is the run's stop token, looked at before the create and where submitting waits.
 
         Raises:
             OwnershipError: A TrainJob of that name belongs to another run or task.
-            CancelledError: A stop signal came before the create request, or while it was
+            CancelledError: A stop was requested before the create request, or while it was
                 in flight (then :meth:`reclaim` deletes what it made).
         """
 

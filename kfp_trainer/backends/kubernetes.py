@@ -14,10 +14,9 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from .. import cancel
+from ..cancel import Stop
 from ..errors import KfpTrainerError
 from ..jobstatus import JobRef
 from ..spec import ApiVersion, TrainJobInputs
@@ -25,7 +24,7 @@ from .base import Backend, RuntimeInfo, Submission
 from .kube import discovery
 from .kube.api import RetryPolicy
 from .kube.discovery import load_api_client
-from .kube.job import KubeJob
+from .kube.job import JobSettings, KubeJob, delete_job
 from .kube.lifecycle import Lifecycle, leftovers_message
 
 if TYPE_CHECKING:
@@ -71,25 +70,30 @@ class KubernetesBackend(Backend):
         self.heartbeat = heartbeat
         self.log_read_timeout = log_read_timeout
         self.lifecycle = Lifecycle(api, policy=policy, replace_timeout=replace_timeout)
+        self.job_settings = JobSettings(watch_timeout=watch_timeout, heartbeat=heartbeat, log_read_timeout=log_read_timeout, policy=policy)
 
     @classmethod
-    def from_config(cls, kubeconfig: str | None = None, *, fail_fast: bool = False, **kwargs: Any) -> KubernetesBackend:
+    def from_config(
+        cls, kubeconfig: str | None = None, *, fail_fast: bool = False, stop: Stop | None = None, **kwargs: Any
+    ) -> KubernetesBackend:
         """Backend for the cluster of the pod's service account or the kubeconfig.
 
         ``fail_fast`` (the command line): raise a one-line
         :class:`~kfp_trainer.errors.ClusterUnreachableError` when no cluster is configured or
         its API server does not answer the first request, instead of retrying; jobs go to
-        ``kubeconfig``'s context namespace unless ``namespace`` is given.
+        ``kubeconfig``'s context namespace unless ``namespace`` is given. The connection is
+        bounded (a connect timeout); a stop signal waits for it, and ``stop`` (the run's token)
+        makes a failure to connect after a stop signal a cancel, not an unreachable cluster.
         """
         if fail_fast:
             from .kube.connect import connect, kubeconfig_namespace
 
             kwargs.setdefault("namespace", kubeconfig_namespace(kubeconfig))
+            token = stop or Stop()
             try:
-                # A stop signal while connecting (bounded by a connect timeout) is a cancel, not an unreachable cluster.
-                api = connect(kubeconfig, stopped=cancel.check)
+                api = connect(kubeconfig, stopped=token.check)
             except KfpTrainerError:
-                cancel.check()
+                token.check()
                 raise
             return cls(api, **kwargs)
         return cls(load_api_client(kubeconfig), **kwargs)
@@ -110,22 +114,22 @@ class KubernetesBackend(Backend):
     def resolve_runtime(self, inputs: TrainJobInputs) -> RuntimeInfo:
         """Fetch the referenced runtime; raise :class:`RuntimeNotFoundError` listing those that exist."""
         namespace = inputs.namespace or self.default_namespace()
-        cancel.check()  # each request here waits for its answer: a stop signal ends the preparation between them
         api_version = self.detect_api_version(namespace, runtime=(inputs.runtime_kind, inputs.runtime))
-        cancel.check()
         return discovery.resolve_runtime(self.api, inputs, namespace=namespace, api_version=api_version, policy=self.policy)
 
     # ------------------------------------------------------------------ lifecycle
-    def submit(self, manifest: dict[str, Any], *, runtime: RuntimeInfo | None = None) -> Submission:
+    def submit(self, manifest: dict[str, Any], *, runtime: RuntimeInfo | None = None, stop: Stop | None = None) -> Submission:
         """Create the TrainJob, adopt this task's earlier one, or replace a failed or stale one.
 
         The submission's ``job`` (:class:`~.kube.job.KubeJob`) keeps ``runtime`` and the job as
         created or adopted; the backend keeps nothing of it.
         """
         namespace = manifest["metadata"].get("namespace") or self.default_namespace()
-        submission = self.lifecycle.submit(manifest, namespace)
-        known = self.lifecycle.seen.pop((submission.ref.namespace, submission.ref.name), None)
-        return dataclasses.replace(submission, job=KubeJob(self, submission.ref, runtime=runtime, known=known))
+
+        def handle(ref: JobRef, known: dict[str, Any]) -> KubeJob:
+            return KubeJob(ref, api=self.api, lifecycle=self.lifecycle, settings=self.job_settings, runtime=runtime, known=known)
+
+        return self.lifecycle.submit(manifest, namespace, handle=handle, stop=stop)
 
     def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
         """After a cancel during :meth:`submit`: delete this task's job if the create got through."""
@@ -142,5 +146,4 @@ class KubernetesBackend(Backend):
         Returns:
             What is left and how to remove it; empty when everything is gone.
         """
-        left = self.lifecycle.delete(ref, wait=wait)
-        return leftovers_message(ref, left, wait) if left else ""
+        return delete_job(self.lifecycle, ref, wait=wait)

@@ -31,8 +31,8 @@ ClusterTrainingRuntime/TrainingRuntime YAML files in ``runtimes_dir`` (or
 ``$KFP_TRAINER_RUNTIMES_DIR``) are read too, so local runs mirror a cluster's runtimes.
 ``hostPath`` volumes the trainer mounts under ``/workspace`` become links in the job's workspace.
 :meth:`LocalBackend.submit` hands back the job's handle, a :class:`~.local_job.LocalJob`
-(watch, logs, diagnosis); the backend keeps only the runs this process supervises, so that
-deleting by ref (a replaced or reclaimed job) stops their processes too.
+(watch, logs, diagnosis); the backend keeps only the runs this process supervises, by namespace
+and name, so that deleting by ref (a replaced or reclaimed job) stops their processes too.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import threading
@@ -50,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..cancel import Stop
 from ..errors import RuntimeNotFoundError, UserError
 from ..jobstatus import JobRef, Phase
 from ..spec import TrainJobInputs
@@ -57,12 +57,11 @@ from ..storage import fetch, redact
 from ..timestamps import rfc3339
 from . import local_torchtune
 from .base import Backend, RuntimeInfo, Submission, check_ownership, trainjob_status
-from .local_job import LocalJob, node_processes, orphaned, read_json
+from .local_job import LocalJob, Supervised, kill_group, orphaned, read_json, remove_job
 from .local_runtime import (
     BUILTIN_RUNTIMES,
     RUNTIMES_ENV,
     WORKSPACE,
-    free_port,
     initializer_env,
     link_mounts,
     load_runtimes,
@@ -70,7 +69,7 @@ from .local_runtime import (
     node_env,
     trainer_command,
 )
-from .procs import ProcessId, descendants, kill_process, kill_tree
+from .procs import ProcessId, descendants, free_port
 
 __all__ = ["BUILTIN_RUNTIMES", "LocalBackend", "default_root", "descendants", "free_port"]
 
@@ -90,17 +89,6 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-class _Job:
-    """A running local TrainJob: its processes and supervisor thread (this process only)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.cancelled = threading.Event()
-        self.changed = threading.Event()  # set on every status change, for watchers in this process
-        self.thread: threading.Thread | None = None
-
-
 class LocalBackend(Backend):
     """Runs TrainJobs as local processes. See the module docstring."""
 
@@ -111,7 +99,7 @@ class LocalBackend(Backend):
         env_dir = os.environ.get(RUNTIMES_ENV)
         self.runtimes_dir = Path(runtimes_dir) if runtimes_dir else (Path(env_dir) if env_dir else None)
         self.namespace = namespace
-        self.jobs: dict[str, _Job] = {}  # the runs this process supervises (its processes), by name
+        self.jobs: dict[tuple[str, str], Supervised] = {}  # the runs this process supervises, by (namespace, name)
 
     # ------------------------------------------------------------------ runtimes
     def default_namespace(self) -> str:
@@ -149,7 +137,7 @@ class LocalBackend(Backend):
         ref = manifest["spec"]["runtimeRef"]
         return self.runtimes().get(f"{ref.get('kind', 'ClusterTrainingRuntime')}/{ref['name']}") or {}
 
-    def submit(self, manifest: dict[str, Any], *, runtime: RuntimeInfo | None = None) -> Submission:
+    def submit(self, manifest: dict[str, Any], *, runtime: RuntimeInfo | None = None, stop: Stop | None = None) -> Submission:
         """Start the job, or adopt this task's earlier one (replacing it if it failed)."""
         namespace = manifest["metadata"].get("namespace") or self.namespace
         ref = JobRef(namespace, manifest["metadata"]["name"])
@@ -168,8 +156,8 @@ class LocalBackend(Backend):
             dead = orphaned(existing)
             if phase is Phase.SUCCEEDED or (phase in (Phase.PENDING, Phase.RUNNING, Phase.SUSPENDED) and dead is None):
                 adopted = JobRef(namespace, ref.name, existing["metadata"]["uid"])
-                running = self.jobs.get(ref.name)  # supervised by this process, or by another one
-                return Submission(adopted, adopted=True, job=LocalJob(self, adopted, changed=running.changed if running else None))
+                running = self.jobs.get((namespace, ref.name))  # supervised by this process, or by another one
+                return Submission(LocalJob(adopted, directory, supervised=running), adopted=True)
             if dead is not None:
                 who = f"pid {dead.pid}" if dead.pid else "not recorded"
                 notes.append(f"local TrainJob {ref} was left unfinished by a launcher that is gone ({who}); replacing it")
@@ -184,12 +172,12 @@ class LocalBackend(Backend):
             "status": {"conditions": [], "jobsStatus": [], "supervisor": ProcessId.of(os.getpid()).to_json()},
         }
         _write_json(directory / "trainjob.json", obj)
-        job = _Job(directory)
-        self.jobs[ref.name] = job
+        job = Supervised(directory)
+        self.jobs[(namespace, ref.name)] = job
         job.thread = threading.Thread(target=self._supervise, args=(ref, obj, command, job), name=f"local-{ref.name}", daemon=True)
         job.thread.start()
         ref = JobRef(namespace, ref.name, uid)
-        return Submission(ref, adopted=False, replaced=replaced, notes=tuple(notes), job=LocalJob(self, ref, changed=job.changed))
+        return Submission(LocalJob(ref, directory, supervised=job), adopted=False, replaced=replaced, notes=tuple(notes))
 
     def reclaim(self, manifest: dict[str, Any], *, wait: float = 30.0) -> str | None:
         """After a cancel during :meth:`submit`: stop and remove this task's job if it was started."""
@@ -203,20 +191,18 @@ class LocalBackend(Backend):
         self.delete(ref, wait=wait)
         return f"deleted local TrainJob {ref}"
 
-    def _set_status(self, directory: Path, obj: dict[str, Any], **status: Any) -> None:
+    def _set_status(self, job: Supervised, obj: dict[str, Any], **status: Any) -> None:
         obj["status"].update(status)
-        if not _recorded(directory, obj):  # deleted by someone else: never written again
+        if not _recorded(job.dir, obj):  # deleted by someone else: never written again
             return
-        _write_json(directory / "trainjob.json", obj)
-        job = self.jobs.get(obj["metadata"]["name"])
-        if job is not None:
-            job.changed.set()
+        _write_json(job.dir / "trainjob.json", obj)
+        job.changed.set()
 
-    def _finish(self, directory: Path, obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
+    def _finish(self, job: Supervised, obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
         condition = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": rfc3339()}
-        self._set_status(directory, obj, conditions=[condition])
+        self._set_status(job, obj, conditions=[condition])
 
-    def _supervise(self, ref: JobRef, obj: dict[str, Any], command: list[str], job: _Job) -> None:
+    def _supervise(self, ref: JobRef, obj: dict[str, Any], command: list[str], job: Supervised) -> None:
         """The job's thread: initializers, the nodes, their end recorded in the state file."""
         try:
             self._initialize(obj, job)
@@ -224,16 +210,16 @@ class LocalBackend(Backend):
                 return
             codes = self._wait(job)
             if not job.cancelled.is_set():
-                self._record_end(job.dir, obj, codes)
+                self._record_end(job, obj, codes)
         except UserError as e:
             with open(job.dir / "logs" / "node-0.log", "a") as out:
                 out.write(f"initializer failed: {e}\n")
-            self._finish(job.dir, obj, "Failed", "InitializerFailed", str(e))
+            self._finish(job, obj, "Failed", "InitializerFailed", str(e))
         except Exception as e:  # report, never leave the job Pending forever
             log.exception("local TrainJob %s failed to run", ref)
-            self._finish(job.dir, obj, "Failed", "LocalBackendError", f"{type(e).__name__}: {e}")
+            self._finish(job, obj, "Failed", "LocalBackendError", f"{type(e).__name__}: {e}")
 
-    def _initialize(self, manifest: dict[str, Any], job: _Job) -> None:
+    def _initialize(self, manifest: dict[str, Any], job: Supervised) -> None:
         """Link the mounts and fetch the dataset and model into the workspace."""
         directory, workspace = job.dir, job.dir / "workspace"
         for line in link_mounts(manifest, workspace):
@@ -246,7 +232,7 @@ class LocalBackend(Backend):
                     out.write(f"{rfc3339()} fetching {redact(uri)} into {WORKSPACE}/{kind}\n")
                 fetch(uri, workspace / kind, kind=kind, env=initializer_env(manifest, kind))
 
-    def _start_nodes(self, obj: dict[str, Any], command: list[str], job: _Job) -> bool:
+    def _start_nodes(self, obj: dict[str, Any], command: list[str], job: Supervised) -> bool:
         """Start every node, each in its own process group; False when cancelled first."""
         directory, workspace = job.dir, job.dir / "workspace"
         runtime = self._runtime_doc(obj)
@@ -269,7 +255,7 @@ class LocalBackend(Backend):
                 )  # fmt: skip
         pids = [p.pid for p in job.procs.values()]
         self._set_status(
-            directory,
+            job,
             obj,
             pids=pids,
             processes=[ProcessId.of(pid).to_json() for pid in pids],
@@ -277,18 +263,18 @@ class LocalBackend(Backend):
         )
         return True
 
-    def _record_end(self, directory: Path, obj: dict[str, Any], codes: dict[int, int]) -> None:
+    def _record_end(self, job: Supervised, obj: dict[str, Any], codes: dict[int, int]) -> None:
         """Write the nodes' exit codes and the job's end (Complete, or Failed naming the first failed node)."""
         failed = {n: c for n, c in codes.items() if c != 0}
         jobs_status = [{"name": "node", "active": 0, "ready": 0, "succeeded": len(codes) - len(failed), "failed": len(failed)}]
-        self._set_status(directory, obj, jobsStatus=jobs_status, exitCodes={str(n): c for n, c in codes.items()})
+        self._set_status(job, obj, jobsStatus=jobs_status, exitCodes={str(n): c for n, c in codes.items()})
         if failed:
             first = min(failed)
-            self._finish(directory, obj, "Failed", "FailedJobs", f"node-{first} exited with code {failed[first]}")
+            self._finish(job, obj, "Failed", "FailedJobs", f"node-{first} exited with code {failed[first]}")
         else:
-            self._finish(directory, obj, "Complete", "AllJobsCompleted", "all nodes exited 0")
+            self._finish(job, obj, "Complete", "AllJobsCompleted", "all nodes exited 0")
 
-    def _wait(self, job: _Job) -> dict[int, int]:
+    def _wait(self, job: Supervised) -> dict[int, int]:
         """Wait for every node; when one fails, stop the others (as JobSet's failure policy does)."""
         codes: dict[int, int] = {}
         obj = read_json(job.dir / "trainjob.json") or {}
@@ -296,7 +282,7 @@ class LocalBackend(Backend):
             if not _recorded(job.dir, obj):  # its record was removed: the job is deleted, its nodes go with it
                 job.cancelled.set()
                 for proc in job.procs.values():
-                    _kill_group(proc)
+                    kill_group(proc)
                 break
             for node, proc in job.procs.items():
                 if node not in codes and proc.poll() is not None:
@@ -304,7 +290,7 @@ class LocalBackend(Backend):
             if any(c != 0 for c in codes.values()):
                 for node, proc in job.procs.items():
                     if node not in codes:
-                        _kill_group(proc)
+                        kill_group(proc)
                         codes[node] = proc.returncode if proc.returncode is not None else -signal.SIGTERM
                 break
             time.sleep(0.2)
@@ -312,19 +298,7 @@ class LocalBackend(Backend):
 
     def delete(self, ref: JobRef, *, wait: float = 30.0) -> str | None:
         """Kill the job's whole process tree and remove its state."""
-        job = self.jobs.pop(ref.name, None)
-        directory = self.job_dir(ref)
-        if job is not None:
-            job.cancelled.set()
-            for proc in job.procs.values():
-                _kill_group(proc)
-            if job.thread is not None:
-                job.thread.join(wait)
-        else:
-            obj = read_json(directory / "trainjob.json") or {}
-            for process in node_processes(obj.get("status") or {}):
-                kill_process(process)  # only if the pid still names that process
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_job(self.job_dir(ref), self.jobs.pop((ref.namespace, ref.name), None), wait=wait)
         return None
 
 
@@ -335,8 +309,3 @@ def _recorded(directory: Path, obj: dict[str, Any]) -> bool:
         return False
     stored = read_json(path)
     return stored is None or (stored.get("metadata") or {}).get("uid") == (obj.get("metadata") or {}).get("uid")
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Stop one node: its leader and every process it started."""
-    kill_tree(proc.pid, reap=proc)

@@ -1,29 +1,65 @@
-"""One submitted local TrainJob: its handle (:class:`LocalJob`) and the reading of its state file.
+"""One submitted local TrainJob: its handle (:class:`LocalJob`), its supervision, and the reading of its state file.
 
-:meth:`LocalBackend.submit <kfp_trainer.backends.local.LocalBackend.submit>` makes one per job.
-A job started by this process is followed through its supervisor (woken on each status change);
-one adopted from another process through its state file, ``<job>/trainjob.json``, whose
-supervisor is checked on each read (:func:`orphaned`).
+:meth:`LocalBackend.submit <kfp_trainer.backends.local.LocalBackend.submit>` makes one per job,
+given the job's folder and, for a job this process started, its :class:`Supervised` record
+(the node processes and the thread that supervises them); the handle reads nothing of the
+backend. A job started by this process is followed through its supervisor (woken on each
+status change); one adopted from another process through its state file,
+``<job>/trainjob.json``, whose supervisor is checked on each read (:func:`orphaned`).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import cancel
+from ..cancel import TICK
 from ..jobstatus import JobRef, JobStatus, Phase
 from .base import Blocker, JobHandle, LogLine, LogSink, trainjob_status
-from .procs import ProcessId, kill_process
+from .procs import ProcessId, kill_process, kill_tree
 
-if TYPE_CHECKING:
-    from .local import LocalBackend
+__all__ = ["LocalJob", "Supervised", "node_processes", "orphaned", "read_json", "remove_job"]
 
-__all__ = ["LocalJob", "node_processes", "orphaned", "read_json"]
+
+class Supervised:
+    """A local TrainJob this process runs: its node processes and supervisor thread."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.cancelled = threading.Event()
+        self.changed = threading.Event()  # set on every status change, for watchers in this process
+        self.thread: threading.Thread | None = None
+
+    def stop(self, wait: float) -> None:
+        """Stop the nodes (each with every process it started) and wait up to ``wait`` seconds for the supervisor."""
+        self.cancelled.set()
+        for proc in self.procs.values():
+            kill_group(proc)
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(wait)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop one node: its leader and every process it started."""
+    kill_tree(proc.pid, reap=proc)
+
+
+def remove_job(directory: Path, supervised: Supervised | None, *, wait: float = 30.0) -> None:
+    """Stop a local job's processes -- through its supervisor here, else by the pids its state names -- and remove its folder."""
+    if supervised is not None:
+        supervised.stop(wait)
+    else:
+        obj = read_json(directory / "trainjob.json") or {}
+        for process in node_processes(obj.get("status") or {}):
+            kill_process(process)  # only if the pid still names that process
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -54,17 +90,17 @@ class LocalJob(JobHandle):
     """The handle of one local TrainJob.
 
     Args:
-        backend: The backend that submitted it (its folders; deleting goes through it).
         ref: The job.
-        changed: Set on each status change when this process supervises the job; None for a
-            job another process supervises (its state file is all there is).
+        directory: Its folder (state file, logs, workspace).
+        supervised: Its supervision when this process runs it (woken on each status change);
+            None for a job another process supervises (its state file is all there is).
     """
 
-    def __init__(self, backend: LocalBackend, ref: JobRef, *, changed: threading.Event | None = None) -> None:
+    def __init__(self, ref: JobRef, directory: Path, *, supervised: Supervised | None = None) -> None:
         super().__init__(ref)
-        self.backend = backend
-        self.dir = backend.job_dir(ref)
-        self.changed = changed
+        self.dir = directory
+        self.supervised = supervised
+        self.changed = supervised.changed if supervised is not None else None
 
     def watch(self) -> Iterator[JobStatus | None]:
         """Status changes read from the job's state file; ``None`` as heartbeat, a few times a second.
@@ -96,10 +132,10 @@ class LocalJob(JobHandle):
             else:
                 yield None
             if self.changed is not None:  # supervised by this process: wake up on each change
-                self.changed.wait(2 * cancel.TICK)  # short: the launcher looks for a stop signal at each heartbeat
+                self.changed.wait(2 * TICK)  # short: the launcher looks at its stop token at each heartbeat
                 self.changed.clear()
             else:
-                time.sleep(2 * cancel.TICK)
+                time.sleep(2 * TICK)
 
     def blockers(self) -> list[Blocker]:
         """Nothing blocks a local job from starting once submit accepted it."""
@@ -150,7 +186,8 @@ class LocalJob(JobHandle):
 
     def delete(self, *, wait: float = 30.0) -> str | None:
         """Kill the job's whole process tree and remove its state."""
-        return self.backend.delete(self.ref, wait=wait)
+        remove_job(self.dir, self.supervised, wait=wait)
+        return None
 
     def inspect_hint(self) -> str:
         """Where the local job's files are."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from ..llm.trl_runtime import RUNTIME_NAME as TRL_RUNTIME
 from ..llm.trl_runtime import trl_runtime
 from ..spec import dig
 from .local_torchtune import TORCHTUNE_RUNTIMES
+from .procs import free_port
 
 log = logging.getLogger(__name__)
 RUNTIMES_ENV = "KFP_TRAINER_RUNTIMES_DIR"
@@ -50,13 +50,6 @@ BUILTIN_RUNTIMES: dict[str, dict[str, Any]] = {
     # What deploy/trl-runtime.yaml installs on a cluster (local nodes run the command on this machine).
     TRL_RUNTIME: trl_runtime("kfp-trainer-trainer"),
 }
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def load_runtimes(runtimes_dir: Path | None) -> dict[str, dict[str, Any]]:

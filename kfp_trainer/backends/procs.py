@@ -1,4 +1,4 @@
-"""Processes on this machine: identity that survives pid reuse, liveness, killing a whole tree.
+"""Processes on this machine: identity that survives pid reuse, liveness, killing a whole tree, a free port.
 
 A pid alone does not name a process: after it exits, the kernel hands the number to the next
 one. ``(pid, start time)`` does: the start time (clock ticks after boot, field 22 of
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -40,6 +41,13 @@ def process_start(pid: int) -> int | None:
         return int(fields[19]) if fields else None
     except (IndexError, ValueError):
         return None
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for a local job's rendezvous, a test's server)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def pid_alive(pid: int) -> bool:

@@ -14,7 +14,7 @@ component is in ``components/<name>/component.yaml`` (``kfp-trainer compile``).
 """
 
 from ._image import BASE_IMAGE, DEFAULT_IMAGE, DEFAULT_TRAINER_IMAGE, TRAINER_IMAGE
-from .context import with_run_context
+from .calls import with_run_context
 from .evaluate import evaluate_model
 from .finetune import torchtune_finetune
 from .function import trainjob_component

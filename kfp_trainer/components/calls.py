@@ -12,6 +12,9 @@ Before KFP creates the task:
   are checked when the step runs, as before (inside a list or dict they stand as ``$(...)``);
 * the run context is filled in (:mod:`.context`).
 
+:func:`with_run_context` makes a component's calls go through :func:`call` (the components of
+this package are made so; :mod:`.loading` makes loaded ones so).
+
 After: a launcher task (one that runs a TrainJob) gets caching off -- its inputs rarely change
 between runs, so a cache hit would skip training; ``task.set_caching_options(True)`` turns it
 back on -- and, in a pipeline without a workspace, is noted so that an enclosing pipeline's
@@ -20,7 +23,7 @@ workspace reaches it (:mod:`.nested`); one that needs that volume (its command u
 the pipeline's compilation with the step's own message.
 
 Only the standard library and ``kfp`` are imported at the top; the checks load when a
-component is called.
+component is called. What of KFP's internals this needs is in :mod:`.kfp_internals`.
 """
 
 from __future__ import annotations
@@ -29,14 +32,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from kfp.dsl import pipeline_channel, pipeline_context
-
 from .context import WORKSPACE_INPUT, context_arguments
+from .kfp_internals import CHANNEL_TEXT, component_name, default_pipeline, extend, inputs_of, is_channel, outputs_of, unique_task_name
+from .nested import await_workspace
 
 #: What a value known only when the step runs stands as in a checked list or dict: a reference,
 #: which no rule takes for a credential.
 UNKNOWN = "$(PIPELINE_VALUE)"
-_CHANNEL = re.compile(r"\{\{channel:task=[\w\s_-]*;name=[\w\s_-]+;type=[\w\s{}\":_-]*;\}\}")
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FUNCTION_ATTRIBUTE = "_kfp_trainer_function"  # what trainjob_component built into the component
 ARTIFACT_INPUTS = ("dataset", "model")  # a launcher's input artifacts ({dataset}, {model})
@@ -57,10 +59,10 @@ def coerce_floats(inputs: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _stand_in(value: Any) -> tuple[Any, bool]:
     """``value`` with pipeline channels replaced by :data:`UNKNOWN`, and whether it held any."""
-    if isinstance(value, pipeline_channel.PipelineChannel):
+    if is_channel(value):
         return UNKNOWN, True
     if isinstance(value, str):
-        out = _CHANNEL.sub(UNKNOWN, value)
+        out = CHANNEL_TEXT.sub(UNKNOWN, value)
         return out, out != value
     if isinstance(value, dict):
         pairs = [(_stand_in(k), _stand_in(v)) for k, v in value.items()]
@@ -81,7 +83,7 @@ def literal_values(inputs: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any],
     values = {name: getattr(spec, "default", None) for name, spec in inputs.items()}
     unknown: set[str] = set()
     for name, value in kwargs.items():
-        if isinstance(value, pipeline_channel.PipelineChannel):
+        if is_channel(value):
             values[name] = UNKNOWN if name in ARTIFACT_INPUTS else None  # a connected artifact: its path comes at run time
             unknown.add(name)
         else:
@@ -91,8 +93,8 @@ def literal_values(inputs: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any],
 
 def kind_of(component: Any) -> str | None:
     """Which of the steps' checks applies to ``component`` (a Python or YAML component), by its inputs and outputs."""
-    inputs = set(component.component_spec.inputs or {})
-    outputs = set(component.component_spec.outputs or {})
+    inputs = set(inputs_of(component))
+    outputs = set(outputs_of(component))
     if {"packages_to_install", "pip_index_urls", "runtime", "task_config"} <= inputs:
         return "function"
     if {"method", "lora_rank", "runtime", "task_config"} <= inputs:
@@ -116,11 +118,7 @@ def _shown(error: Any, unknown: set[str]) -> bool:
 
 def task_name(component: Any) -> str:
     """The name KFP will give the task this call of ``component`` makes in the pipeline being built."""
-    from kfp.dsl import utils
-
-    pipeline = pipeline_context.Pipeline.get_default_pipeline()
-    name = utils.maybe_rename_for_k8s(component.component_spec.name)
-    return utils.make_name_unique_by_adding_index(name, list(pipeline.tasks) if pipeline else [], "-")
+    return unique_task_name(component_name(component))
 
 
 def check_literals(component: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
@@ -138,7 +136,7 @@ def check_literals(component: Any, kwargs: dict[str, Any]) -> dict[str, Any] | N
     from kfp_trainer.errors import InvalidSpecErrors
     from kfp_trainer.steps import checks
 
-    values, unknown = literal_values(component.component_spec.inputs or {}, kwargs)
+    values, unknown = literal_values(inputs_of(component), kwargs)
     check: Callable[[dict[str, Any]], None] = {
         "train_job": checks.check_train_job,
         "torchtune_finetune": checks.check_torchtune_finetune,
@@ -153,7 +151,7 @@ def check_literals(component: Any, kwargs: dict[str, Any]) -> dict[str, Any] | N
         if shown:
             refused = InvalidSpecErrors(shown)
             if hasattr(refused, "add_note"):  # Python 3.11+: shown under the traceback, not in the message
-                where = f"task {task_name(component)!r}: " if pipeline_context.Pipeline.get_default_pipeline() else ""
+                where = f"task {task_name(component)!r}: " if default_pipeline() is not None else ""
                 refused.add_note(f"{where}{component.name}(...) refused while the pipeline was built, as its step would refuse it")
             raise refused from None
     return values
@@ -171,8 +169,8 @@ def workspace_need(component: Any, values: dict[str, Any] | None) -> Any:
 
 def call(original: Callable[..., Any], component: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Call ``component`` through ``original`` (its class's ``__call__``) with the checks and defaults above."""
-    inputs = component.component_spec.inputs or {}
-    in_pipeline = pipeline_context.Pipeline.get_default_pipeline() is not None
+    inputs = inputs_of(component)
+    in_pipeline = default_pipeline() is not None
     kwargs = coerce_floats(inputs, kwargs)
     values = check_literals(component, kwargs)
     kwargs = context_arguments(inputs, kwargs)
@@ -180,7 +178,31 @@ def call(original: Callable[..., Any], component: Any, args: tuple[Any, ...], kw
     if in_pipeline and is_launcher(inputs):
         task.set_caching_options(False)
         if WORKSPACE_INPUT in inputs and WORKSPACE_INPUT not in kwargs:
-            from .nested import await_workspace
-
             await_workspace(task, workspace_need(component, values))
     return task
+
+
+_MARK = "_kfp_trainer_run_context"
+
+
+def with_run_context(component: Any) -> Any:
+    """Make ``component`` (a Python or YAML component) fill in its run context on every call.
+
+    Its calls also coerce integers given to float inputs, check the literal arguments as the
+    step would and, for a launcher, turn caching off (:func:`call`).
+
+    Returns:
+        The same component object, now of a subclass of its class that adds the context.
+
+    Example:
+        >>> from kfp_trainer.components import train_job
+        >>> with_run_context(train_job) is train_job
+        True
+    """
+    cls = type(component)
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return call(cls.__call__, self, args, kwargs)
+
+    extend(component, _MARK, {"__call__": __call__})
+    return component

@@ -1,19 +1,20 @@
-"""Give every launcher task the KFP run context it needs, so a pipeline need not pass it.
+"""The KFP run context every launcher task needs, filled in at its call so a pipeline need not pass it.
 
 A KFP backend (2.15-2.17) resolves ``dsl.PIPELINE_JOB_ID_PLACEHOLDER`` and friends only when
 the *task* passes them: as a component's default value the placeholder reaches the step
 unresolved. And it mounts the pipeline workspace only in steps that receive
 ``dsl.WORKSPACE_PATH_PLACEHOLDER`` (or ``/kfp-workspace``) as an input value. So a launcher
-component made with :func:`with_run_context` fills in, on every task created from it,
+component made with :func:`~.calls.with_run_context` fills in, on every task created from it,
 
 * ``run_id``, ``task_name``, ``task_id`` and ``pipeline_name`` with the KFP placeholders, and
 * ``workspace_path`` with ``dsl.WORKSPACE_PATH_PLACEHOLDER`` when the pipeline being built
   declares a workspace (``dsl.PipelineConfig(workspace=...)``),
 
-unless the call passes them itself. The compiled task then carries the placeholders, and
-``train_job(runtime=..., image=..., command=...)`` works on a cluster as it is. (A launcher in a
-nested pipeline gets the enclosing pipeline's workspace: :mod:`.nested`.) The same call also
-checks the literal arguments and sets the launcher's defaults: :mod:`.calls`.
+unless the call passes them itself (:func:`context_arguments`, called at each call by
+:mod:`.calls`, which also checks the literal arguments and sets the launcher's defaults). The
+compiled task then carries the placeholders, and ``train_job(runtime=..., image=..., command=...)``
+works on a cluster as it is. (A launcher in a nested pipeline gets the enclosing pipeline's
+workspace: :mod:`.nested`.)
 
 Example:
     >>> from kfp import dsl
@@ -30,11 +31,11 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from kfp import dsl
-from kfp.dsl.graph_component import GraphComponent
+
+from .kfp_internals import pipeline_being_built
 
 # Inputs a launcher reads its identity from, and the placeholder each gets.
 CONTEXT_INPUTS = {
@@ -46,38 +47,11 @@ CONTEXT_INPUTS = {
 WORKSPACE_INPUT = "workspace_path"
 
 
-def building_pipeline() -> Any:
-    """The ``GraphComponent`` whose ``@dsl.pipeline`` body is running now, or ``None`` outside one.
-
-    KFP runs a pipeline body inside ``GraphComponent.__init__``; the innermost such frame is
-    the pipeline being built (its ``pipeline_config`` argument holds the workspace).
-    """
-    frame = inspect.currentframe()
-    code = GraphComponent.__init__.__code__
-    try:
-        while frame is not None:
-            if frame.f_code is code:
-                return frame.f_locals.get("self")
-            frame = frame.f_back
-        return None
-    finally:
-        del frame
-
-
 def pipeline_workspace_declared() -> bool:
     """Whether the pipeline whose body is running now declares a workspace (False outside a pipeline body)."""
-    frame = inspect.currentframe()
-    code = GraphComponent.__init__.__code__
-    try:
-        while frame is not None:
-            if frame.f_code is code:
-                config = frame.f_locals.get("pipeline_config")
-                workspace = getattr(config, "workspace", None)
-                return bool(getattr(workspace, "size", None))
-            frame = frame.f_back
-        return False
-    finally:
-        del frame
+    _, config = pipeline_being_built()
+    workspace = getattr(config, "workspace", None)
+    return bool(getattr(workspace, "size", None))
 
 
 def context_arguments(inputs: Any, given: dict[str, Any]) -> dict[str, Any]:
@@ -89,43 +63,3 @@ def context_arguments(inputs: Any, given: dict[str, Any]) -> dict[str, Any]:
     if WORKSPACE_INPUT in inputs and WORKSPACE_INPUT not in out and pipeline_workspace_declared():
         out[WORKSPACE_INPUT] = dsl.WORKSPACE_PATH_PLACEHOLDER
     return out
-
-
-_MARK = "_kfp_trainer_run_context"
-
-
-def _subclass(cls: type) -> type:
-    """A subclass of a component class whose calls fill in the context inputs."""
-
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from .calls import call
-
-        return call(cls.__call__, self, args, kwargs)
-
-    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, _MARK: True})
-
-
-_CLASSES: dict[type, type] = {}
-
-
-def with_run_context(component: Any) -> Any:
-    """Make ``component`` (a Python or YAML component) fill in its run context on every call.
-
-    Its calls also coerce integers given to float inputs, check the literal arguments as the
-    step would and, for a launcher, turn caching off (:func:`.calls.call`).
-
-    Returns:
-        The same component object, now of a subclass of its class that adds the context.
-
-    Example:
-        >>> from kfp_trainer.components import train_job
-        >>> with_run_context(train_job) is train_job
-        True
-    """
-    cls = type(component)
-    if getattr(cls, _MARK, False):
-        return component
-    if cls not in _CLASSES:
-        _CLASSES[cls] = _subclass(cls)
-    component.__class__ = _CLASSES[cls]
-    return component

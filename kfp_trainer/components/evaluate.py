@@ -11,7 +11,7 @@ from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
 from ._image import TRAINER_IMAGE
-from .context import with_run_context
+from .calls import with_run_context
 
 
 @dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)

@@ -11,7 +11,7 @@ from kfp import dsl
 from kfp.dsl import HTML, Metrics, Model, Output, OutputPath
 
 from ._image import BASE_IMAGE
-from .context import with_run_context
+from .calls import with_run_context
 from .train_job import TASK_CONFIG_PASSTHROUGHS
 
 
@@ -164,12 +164,10 @@ def torchtune_finetune(
     values = dict(locals())  # every input by name; steps.torchtune_finetune_arguments sorts them
     from kfp_trainer import steps
 
-    steps.exit_on_error(
-        lambda: steps.run_torchtune_finetune(
-            **steps.torchtune_finetune_arguments(values), task_config=task_config, backend=backend, start_timeout=start_timeout,
-            run_timeout=run_timeout, logs=logs, delete_after_success=False, workspace_path=workspace_path, dataset=None,
-            model=None, output_model=output_model, metrics=metrics, report=report, trainjob_path=trainjob,
-            mlflow_tracking_uri=mlflow_tracking_uri, mlflow_experiment=mlflow_experiment,
+    steps.run_step(
+        lambda stop: steps.run_torchtune_finetune(
+            **steps.torchtune_finetune_arguments(values), artifacts=steps.StepArtifacts.of(values),
+            options=steps.StepOptions.of(values), stop=stop,
         )
     )
 

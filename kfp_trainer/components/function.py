@@ -47,8 +47,7 @@ from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output, OutputPath
 
 from ._image import BASE_IMAGE
-from .calls import FUNCTION_ATTRIBUTE
-from .context import with_run_context
+from .calls import FUNCTION_ATTRIBUTE, with_run_context
 from .train_job import TASK_CONFIG_PASSTHROUGHS
 
 SPECIAL = ("dataset_dir", "model_dir", "output_dir")

@@ -15,9 +15,10 @@ Example:
 from typing import Any
 
 import yaml
-from kfp import components, dsl
+from kfp import components
 
-from .context import with_run_context
+from .calls import with_run_context
+from .kfp_internals import set_task_config_passthroughs, task_config_passthroughs
 
 
 def restore_passthroughs(component: Any, text: str) -> Any:
@@ -28,11 +29,8 @@ def restore_passthroughs(component: Any, text: str) -> Any:
         if spec.get("taskConfigPassthroughs"):
             entries = spec["taskConfigPassthroughs"]
     entries = entries or doc.get("root", {}).get("taskConfigPassthroughs")
-    if entries and not getattr(component.component_spec, "task_config_passthroughs", None):
-        component.component_spec.task_config_passthroughs = [
-            dsl.TaskConfigPassthrough(field=dsl.TaskConfigField[e["field"]], apply_to_task=bool(e.get("applyToTask")))
-            for e in entries
-        ]
+    if entries and not task_config_passthroughs(component):
+        set_task_config_passthroughs(component, entries)
     return with_run_context(component)  # run context, build-time checks, launcher defaults
 
 

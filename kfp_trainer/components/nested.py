@@ -20,16 +20,16 @@ from typing import Any
 from kfp import dsl
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from .context import WORKSPACE_INPUT, building_pipeline, pipeline_workspace_declared
+from .context import WORKSPACE_INPUT, pipeline_workspace_declared
+from .kfp_internals import extend, graph_spec, pipeline_being_built, set_task_spec, task_spec
 
 _PENDING = "_kfp_trainer_awaiting_workspace"  # task names, on the GraphComponent
 _NEEDS = "_kfp_trainer_workspace_needs"  # (where, task, the step's error) of tasks that need it, on the GraphComponent
-_CLASSES: dict[type, type] = {}
 
 
 def await_workspace(task: Any, need: Any = None) -> None:
     """Note ``task`` (in a pipeline without a workspace) on the pipeline being built; ``need``: its error without one."""
-    graph = building_pipeline()
+    graph, _ = pipeline_being_built()
     where = f"task {task.name!r}" + (f" (of pipeline {graph.name!r})" if graph is not None else "")
     _note(graph, {task.name}, [(where, task, need)] if need is not None else [])
 
@@ -40,12 +40,7 @@ def _note(graph: Any, names: set[str], needs: list[Any] | None = None) -> None:
     pending = graph.__dict__.setdefault(_PENDING, set())
     pending.update(names)
     graph.__dict__.setdefault(_NEEDS, []).extend(needs or [])
-    cls = type(graph)
-    if not getattr(cls, _PENDING, False):
-        if cls not in _CLASSES:
-            members = {"__call__": _call, "pipeline_spec": property(_checked_spec), "__module__": cls.__module__, _PENDING: True}
-            _CLASSES[cls] = type(cls.__name__, (cls,), members)
-        graph.__class__ = _CLASSES[cls]
+    extend(graph, _PENDING, {"__call__": _call, "pipeline_spec": property(_checked_spec)})
 
 
 def _checked_spec(self: Any) -> Any:
@@ -55,17 +50,17 @@ def _checked_spec(self: Any) -> Any:
         from kfp_trainer.steps.workspace_need import refuse_missing_workspace
 
         refuse_missing_workspace(self.name, needs)
-    return self.component_spec.implementation.graph
+    return graph_spec(self)
 
 
 def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
     task = super(type(self), self).__call__(*args, **kwargs)
     names = set(self.__dict__.get(_PENDING) or ())
-    if names and getattr(task, "pipeline_spec", None) is not None:
+    if names and task_spec(task) is not None:
         if pipeline_workspace_declared():
-            task.pipeline_spec = with_workspace(task.pipeline_spec, names)
+            set_task_spec(task, with_workspace(task_spec(task), names))
         else:
-            _note(building_pipeline(), names, self.__dict__.get(_NEEDS))
+            _note(pipeline_being_built()[0], names, self.__dict__.get(_NEEDS))
     return task
 
 

@@ -11,7 +11,7 @@ from kfp import dsl
 from kfp.dsl import Input, Metrics, Model
 
 from ._image import BASE_IMAGE
-from .context import with_run_context
+from .calls import with_run_context
 
 
 @dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)

@@ -11,7 +11,7 @@ from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output, OutputPath
 
 from ._image import BASE_IMAGE
-from .context import with_run_context
+from .calls import with_run_context
 
 TASK_CONFIG_PASSTHROUGHS = [
     dsl.TaskConfigField.RESOURCES,
@@ -174,16 +174,12 @@ def train_job(
         report: HTML report: metric curves, progress, queued/starting/running times, final/best table, timeline, replicated jobs.
         trainjob: The TrainJob as namespace/name.
     """
-    values = dict(locals())  # every input by name; steps.train_job_inputs picks the TrainJob's
+    values = dict(locals())  # every input by name: the TrainJob's, the artifacts, the launcher's options
     from kfp_trainer import steps
 
-    steps.exit_on_error(
-        lambda: steps.run_train_job(
-            inputs=steps.train_job_inputs(values), task_config=task_config, backend=backend, start_timeout=start_timeout,
-            queue_timeout=queue_timeout, run_timeout=run_timeout, logs=logs, delete_after_success=delete_after_success,
-            workspace_path=workspace_path, dataset=dataset, model=model, output_model=output_model,
-            metrics=metrics, report=report, trainjob_path=trainjob, mlflow_tracking_uri=mlflow_tracking_uri,
-            mlflow_experiment=mlflow_experiment,
+    steps.run_step(
+        lambda stop: steps.run_train_job(
+            steps.train_job_inputs(values), steps.StepArtifacts.of(values), steps.StepOptions.of(values), stop=stop
         )
     )
 

@@ -11,7 +11,7 @@ from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output, OutputPath
 
 from ._image import BASE_IMAGE
-from .context import with_run_context
+from .calls import with_run_context
 from .train_job import TASK_CONFIG_PASSTHROUGHS
 
 
@@ -157,13 +157,9 @@ def trl_finetune(
     values = dict(locals())  # the inputs, sorted by the step into TRL settings and TrainJob inputs
     from kfp_trainer import steps
 
-    args = steps.trl_arguments(values)
-    steps.exit_on_error(
-        lambda: steps.run_trl_finetune(
-            **args, dataset=dataset, model=model, task_config=task_config, backend=backend,
-            start_timeout=start_timeout, run_timeout=run_timeout, logs=logs, delete_after_success=False,
-            workspace_path=workspace_path, output_model=output_model, metrics=metrics, report=report, trainjob_path=trainjob,
-            mlflow_tracking_uri=mlflow_tracking_uri, mlflow_experiment=mlflow_experiment,
+    steps.run_step(
+        lambda stop: steps.run_trl_finetune(
+            **steps.trl_arguments(values), artifacts=steps.StepArtifacts.of(values), options=steps.StepOptions.of(values), stop=stop
         )
     )
 

@@ -205,6 +205,36 @@ class TrainJobInputs(BaseModel):
         except RecursionError:
             raise InvalidSpecErrors([ValidationError("inputs", "...", f"values nested at most {MAX_DEPTH} levels deep")]) from None
 
+    def updated(self, **values: Any) -> TrainJobInputs:
+        """A copy with ``values`` set, each checked as :meth:`parse` checks it (``None``: back to unset); the rest as it is.
+
+        Example:
+            >>> TrainJobInputs.parse(runtime="r").updated(num_nodes=2.0, resources_per_node={"gpu": 1}).num_nodes
+            2
+            >>> TrainJobInputs.parse(runtime="r").updated(num_nodes=True)
+            Traceback (most recent call last):
+            ...
+            kfp_trainer.errors.InvalidSpecErrors: 1 invalid input(s):
+              - num_nodes: got True; expected a whole number, not a boolean
+        """
+        fields = type(self).model_fields
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            known = ", ".join(sorted(fields))
+            raise InvalidSpecErrors([ValidationError(k, values[k], f"one of the known inputs ({known})") for k in unknown])
+        given = {k: v if v is not None else fields[k].get_default(call_default_factory=True) for k, v in values.items()}
+        out = self.model_copy(deep=True)
+        validator = type(self).__pydantic_validator__
+        errors: list[ValidationError] = []
+        for name, value in given.items():
+            try:
+                validator.validate_assignment(out, name, value)
+            except pydantic.ValidationError as e:
+                errors += _type_errors(e, given)
+        if errors:
+            raise InvalidSpecErrors(errors)
+        return out
+
     def digest(self) -> str:
         """Digest of what the job runs (identity fields left out): tells iterations apart."""
         content = self.model_dump(exclude={"name", "name_prefix", "run_id", "task_name", "pipeline_name", "resume_args"})

@@ -8,7 +8,7 @@ In both the ``labels`` input is the TrainJob's ``metadata.labels`` as well as it
 
 :func:`build` returns the job as given (``base``, the ``patch`` not merged) and the job to
 send (``patch`` merged): the policy (:mod:`kfp_trainer.spec.policy`) compares the two. Nothing
-here validates: :func:`~kfp_trainer.spec.render` does, before it calls :func:`build`.
+here validates: :func:`~kfp_trainer.spec.validate.checked_build` does, around its one call of :func:`build`.
 """
 
 from __future__ import annotations

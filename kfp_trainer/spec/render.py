@@ -4,8 +4,10 @@
 * ``v2.1``: pod settings go into ``spec.podTemplateOverrides`` and JobSet labels into
   ``spec.labels`` / ``spec.annotations``.
 
-:func:`render` validates first and checks the result once the ``patch`` is merged
-(:mod:`kfp_trainer.spec.policy`), so what it returns is safe to send.
+:func:`render` runs the one check-and-build :func:`~kfp_trainer.spec.validate.validate` runs too
+(:func:`~kfp_trainer.spec.validate.checked_build`: every input rule, then the job built once and
+checked once the ``patch`` is merged, :mod:`kfp_trainer.spec.policy`), here with the runtime's
+facts, so what it returns is safe to send.
 
 Example:
     >>> from kfp_trainer.spec import TrainJobInputs
@@ -19,13 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..dicts import dig
-from ..errors import InvalidSpecErrors, ValidationError
+from ..errors import InvalidSpecErrors
 from .inputs import ApiVersion, TrainJobInputs, normalize_values
-from .manifest import build, pod_targets
-from .pod_fields import check_runtime_init_containers
-from .policy import check_manifest
-from .validate import input_errors
+from .validate import checked_build
 
 
 def render(
@@ -59,41 +57,13 @@ def render(
         InvalidSpecErrors: Any input is invalid, or the merged ``patch`` breaks the policy
             (all problems listed).
     """
-    errors = input_errors(inputs, api_version=api_version, local=local, allow_host_access=allow_host_access)
-    if init_containers is not None and inputs.init_containers and not errors:
-        errors = check_runtime_init_containers(inputs, pod_targets(inputs, runtime_jobs), init_containers)
-    if errors:
-        raise InvalidSpecErrors(errors)
-    try:
-        base, manifest = build(
-            inputs, api_version=api_version, runtime_jobs=runtime_jobs, max_name_length=max_name_length, init_containers=init_containers
-        )
-    except ValidationError as err:  # the name does not fit the budget
-        raise InvalidSpecErrors([err]) from None
-    errors = check_manifest(manifest, base=base, api_version=api_version, allow_host_access=allow_host_access, local=local)
-    if runtime_jobs is not None and not local:
-        errors += _check_initializer_jobs(manifest, runtime_jobs, patched=bool(inputs.patch))
-    if errors:
+    manifest, errors = checked_build(
+        inputs, api_version=api_version, local=local, allow_host_access=allow_host_access, runtime_jobs=runtime_jobs,
+        max_name_length=max_name_length, init_containers=init_containers,
+    )  # fmt: skip
+    if errors or manifest is None:
         raise InvalidSpecErrors(errors)
     return manifest
-
-
-def _check_initializer_jobs(manifest: dict[str, Any], runtime_jobs: list[str], *, patched: bool) -> list[ValidationError]:
-    """The Trainer webhook refuses initializer input on a runtime without that initializer job: say so first."""
-    errors = []
-    for key, job in (("dataset", "dataset-initializer"), ("model", "model-initializer")):
-        if key in (dig(manifest, "spec", "initializer") or {}) and job not in runtime_jobs:
-            ref = dig(manifest, "spec", "runtimeRef") or {}
-            errors.append(
-                ValidationError(
-                    f"{key}_uri" if not patched else f"{key}_uri (or patch.spec.initializer.{key})",
-                    dig(manifest, "spec", "initializer", key, "storageUri"),
-                    f"no {key} initializer on runtime {ref.get('kind', '')}/{ref.get('name', '')}, which has no {job} job "
-                    f"(its jobs: {', '.join(runtime_jobs) or 'none'}): pick a runtime with one (e.g. a torchtune-* runtime), "
-                    f"or pass the {key} as an input artifact",
-                )
-            )
-    return errors
 
 
 def build_trainjob(*, api_version: ApiVersion = "v2.2", **inputs: Any) -> dict[str, Any]:

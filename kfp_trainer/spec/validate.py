@@ -10,7 +10,11 @@ is allowed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from .. import naming
+from ..dicts import dig
 from ..errors import InvalidSpecErrors, ValidationError
 from . import env_rules, placeholders, rules
 from .host_access import HOST_ADMIN
@@ -35,8 +39,8 @@ from .inputs import (
     TrainJobInputs,
     env_list,
 )
-from .manifest import build
-from .pod_fields import check_pod_fields
+from .manifest import build, pod_targets
+from .pod_fields import check_pod_fields, check_runtime_init_containers
 from .policy import check_manifest
 
 _TOLERATION_OPERATORS = ("Exists", "Equal")
@@ -238,12 +242,65 @@ def validate(
         kfp_trainer.errors.InvalidSpecErrors: 1 invalid input(s):
           - num_nodes: got 0; expected an integer from 1 to 1024
     """
-    e = input_errors(inputs, api_version=api_version, local=local, allow_host_access=allow_host_access)
-    if not e:
-        e = _unique(_check_rendered(inputs, api_version, local, allow_host_access))
+    # the runtime's name budget is checked by render; here only the RFC-1035 limit
+    _, e = checked_build(inputs, api_version=api_version, local=local, allow_host_access=allow_host_access,
+                         max_name_length=naming.DNS_LABEL_MAX)  # fmt: skip
     if e:
         raise InvalidSpecErrors(e)
     return inputs
+
+
+def checked_build(
+    inputs: TrainJobInputs,
+    *,
+    api_version: ApiVersion | None,
+    local: bool = False,
+    allow_host_access: bool | None = None,
+    runtime_jobs: list[str] | None = None,
+    max_name_length: int | None = None,
+    init_containers: Mapping[str, Sequence[str]] | None = None,
+) -> tuple[dict[str, Any] | None, list[ValidationError]]:
+    """``(manifest, problems)``: the one check-and-build under :func:`validate` and :func:`~kfp_trainer.spec.render`.
+
+    Every input rule (:func:`input_errors`); when they pass, the job built once
+    (:func:`~kfp_trainer.spec.manifest.build`) and checked as built -- the ``patch`` merged, the
+    policy, the size -- and, with the runtime's facts, its init containers and initializer jobs.
+    ``manifest`` is None when the inputs themselves fail. Pure.
+    """
+    errors = input_errors(inputs, api_version=api_version, local=local, allow_host_access=allow_host_access)
+    if init_containers is not None and inputs.init_containers and not errors:
+        errors = check_runtime_init_containers(inputs, pod_targets(inputs, runtime_jobs), init_containers)
+    if errors:
+        return None, errors
+    try:
+        base, manifest = build(
+            inputs, api_version=api_version or "v2.2", runtime_jobs=runtime_jobs, max_name_length=max_name_length,
+            init_containers=init_containers,
+        )  # fmt: skip
+    except ValidationError as err:  # the name does not fit the budget
+        return None, [err]
+    errors = check_manifest(manifest, base=base, api_version=api_version, allow_host_access=allow_host_access, local=local)
+    if runtime_jobs is not None and not local:
+        errors += _check_initializer_jobs(manifest, runtime_jobs, patched=bool(inputs.patch))
+    return manifest, _unique(errors)
+
+
+def _check_initializer_jobs(manifest: dict[str, Any], runtime_jobs: list[str], *, patched: bool) -> list[ValidationError]:
+    """The Trainer webhook refuses initializer input on a runtime without that initializer job: say so first."""
+    errors = []
+    for key, job in (("dataset", "dataset-initializer"), ("model", "model-initializer")):
+        if key in (dig(manifest, "spec", "initializer") or {}) and job not in runtime_jobs:
+            ref = dig(manifest, "spec", "runtimeRef") or {}
+            errors.append(
+                ValidationError(
+                    f"{key}_uri" if not patched else f"{key}_uri (or patch.spec.initializer.{key})",
+                    dig(manifest, "spec", "initializer", key, "storageUri"),
+                    f"no {key} initializer on runtime {ref.get('kind', '')}/{ref.get('name', '')}, which has no {job} job "
+                    f"(its jobs: {', '.join(runtime_jobs) or 'none'}): pick a runtime with one (e.g. a torchtune-* runtime), "
+                    f"or pass the {key} as an input artifact",
+                )
+            )
+    return errors
 
 
 def input_errors(
@@ -282,18 +339,6 @@ def input_errors(
     e += _check_lifecycle(inputs, api_version)
     e += check_pod_fields(inputs, api_version, allow_host_access)
     return _unique(e)
-
-
-def _check_rendered(
-    inputs: TrainJobInputs, api_version: ApiVersion | None, local: bool, allow_host_access: bool | None
-) -> list[ValidationError]:
-    """The job as rendered, patch merged: the launcher's fields kept, nothing unsafe added, not too large."""
-    version: ApiVersion = api_version or "v2.2"
-    try:  # the runtime's name budget is checked by render; here only the RFC-1035 limit
-        base, manifest = build(inputs, api_version=version, max_name_length=naming.DNS_LABEL_MAX)
-    except ValidationError as err:
-        return [err]
-    return check_manifest(manifest, base=base, api_version=api_version, allow_host_access=allow_host_access, local=local)
 
 
 def _unique(errors: list[ValidationError]) -> list[ValidationError]:

@@ -26,7 +26,9 @@ from typing import Any
 
 from ..errors import InvalidSpecErrors, ValidationError
 from ..redaction import find_secret
+from .arguments import LAUNCH_OPTIONS, SPECIAL, train_job_inputs, trl_arguments
 from .common import unresolved
+from .finetune_inputs import read_torchtune, torchtune_finetune_arguments
 
 BUILD_RUN_ID = "pipeline-build"  # stands for the run id, which KFP fills in when the run starts
 _TORCHTUNE_LAUNCH = ("backend", "workspace_path", "start_timeout", "run_timeout", "logs")
@@ -64,7 +66,7 @@ def launch_option_errors(values: Mapping[str, Any], names: tuple[str, ...]) -> l
 def trainjob_errors(inputs: Mapping[str, Any], *, local: bool) -> list[ValidationError]:
     """Problems of TrainJob inputs (``None`` = unset), checked as the launcher checks them before any API call."""
     from ..spec import TrainJobInputs, validate
-    from .train_job import normalize_values
+    from ..spec.inputs import normalize_values
 
     given = normalize_values({k: v for k, v in inputs.items() if v is not None})
     for name in ("run_id", "task_name", "pipeline_name", "task_id"):
@@ -117,8 +119,6 @@ def _local(values: Mapping[str, Any]) -> bool:
 
 def check_train_job(values: Mapping[str, Any]) -> None:
     """The ``train_job`` component's inputs, as :func:`~kfp_trainer.steps.run_train_job` checks them."""
-    from .train_job import LAUNCH_OPTIONS, train_job_inputs
-
     inputs = train_job_inputs(values)
     _raise(_unique(
         launch_option_errors(values, LAUNCH_OPTIONS) + placeholder_errors(inputs, connected=connected_artifacts(values))
@@ -128,8 +128,6 @@ def check_train_job(values: Mapping[str, Any]) -> None:
 
 def check_torchtune_finetune(values: Mapping[str, Any]) -> None:
     """The ``torchtune_finetune`` component's inputs, as :func:`~kfp_trainer.steps.run_torchtune_finetune` checks them."""
-    from .finetune_inputs import torchtune_finetune_arguments
-
     args = torchtune_finetune_arguments(dict(values))
     _raise(launch_option_errors(values, _TORCHTUNE_LAUNCH) + torchtune_errors(args, local=_local(values)))
 
@@ -137,7 +135,6 @@ def check_torchtune_finetune(values: Mapping[str, Any]) -> None:
 def check_trl_finetune(values: Mapping[str, Any]) -> None:
     """The ``trl_finetune`` component's inputs, as :func:`~kfp_trainer.steps.run_trl_finetune` checks them."""
     from ..llm.trl_config import trl_settings
-    from .trl import trl_arguments
 
     args = trl_arguments(dict(values))
     errors = errors_of(lambda: trl_settings(method=args["method"], extra_args=args["extra_args"], **args["settings"]))
@@ -148,36 +145,15 @@ def check_trl_finetune(values: Mapping[str, Any]) -> None:
     _raise(errors + launch_option_errors(values, _TORCHTUNE_LAUNCH) + trainjob_errors(args["inputs"], local=_local(values)))
 
 
-def torchtune_errors(args: Mapping[str, Any], *, local: bool, trainjob: bool = True) -> list[ValidationError]:
+def torchtune_errors(args: Mapping[str, Any], *, local: bool) -> list[ValidationError]:
     """Problems of a fine-tune's settings, sources and TrainJob inputs, before its runtime is known.
 
-    ``args`` are :func:`~kfp_trainer.steps.finetune_inputs.torchtune_finetune_arguments`' (the step checks
-    its own arguments with this first, so both times give the same message). ``trainjob=False`` leaves
-    the TrainJob inputs out: the step checks them in :func:`~kfp_trainer.steps.train_job.plan_inputs`.
+    ``args`` are :func:`~kfp_trainer.steps.finetune_inputs.torchtune_finetune_arguments`'; the step
+    reads them with the same :func:`~kfp_trainer.steps.finetune_inputs.read_torchtune`, so both give
+    the same message.
     """
-    from ..llm.tune_output import check_overrides
-    from ..spec import rules
-    from .finetune import TorchTuneFinetune, dataset_path_arg
-    from .finetune_inputs import torchtune_settings
-
-    errors = errors_of(lambda: torchtune_settings(args["method"], **args["settings"]))
-    sources = {k: v for k, v in (args.get("sources") or {}).items() if v is not None}
-    trainer = TorchTuneFinetune(
-        None, dataset_path=args.get("dataset_path") or "", learning_rate=args.get("learning_rate"), seed=args.get("seed"),
-        overrides=args.get("overrides"), **sources,
-    )  # fmt: skip
-    job = dict(args.get("inputs") or {})
-    for kind in ("dataset", "model"):
-        errors += errors_of(lambda kind=kind: job.update(trainer.storage(kind)[1]))
-        job.setdefault(f"{kind}_uri", sources.get(f"{kind}_uri"))  # the initializer's URI, as the TrainJob will carry it
-    if args.get("dataset_path"):
-        errors += errors_of(lambda: dataset_path_arg(args["dataset_path"]))
-    errors += check_overrides(trainer.extra_overrides(), [])
-    if isinstance(args.get("overrides"), list):
-        errors += rules.check_args("overrides", args["overrides"])
-    prompt = (args.get("settings") or {}).get("system_prompt")
-    errors += rules.check_secret_text("system_prompt", prompt) if isinstance(prompt, str) else []
-    return errors + (trainjob_errors(job, local=local) if trainjob else [])
+    read = read_torchtune(args)
+    return read.errors + trainjob_errors({**(args.get("inputs") or {}), **read.source_inputs()}, local=local)
 
 
 def check_function(values: Mapping[str, Any], function: Mapping[str, Any] | None = None) -> None:
@@ -189,7 +165,6 @@ def check_function(values: Mapping[str, Any], function: Mapping[str, Any] | None
     """
     from ..spec import rules
     from ..spec.placeholders import unconnected_error
-    from .function import SPECIAL
 
     function = function or {}
     inputs = {k: values.get(k) for k in ("runtime", "run_id", "task_name", "task_id")}

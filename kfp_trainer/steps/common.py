@@ -17,9 +17,10 @@ import shutil
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from ..errors import ValidationError
+from ..cancel import Stop, stopping
+from ..errors import KfpTrainerError, ValidationError
 from ..redaction import scrub
 
 _UNRESOLVED = "{{$."
@@ -27,6 +28,7 @@ _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 KFP_RUN_ID_ENV = "KFP_RUN_ID"
 KFP_TASK_NAME_ENV = "KFP_TASK_NAME"
 KFP_PIPELINE_NAME_ENV = "KFP_PIPELINE_NAME"
+T = TypeVar("T")
 
 
 def log(message: str) -> None:
@@ -234,12 +236,25 @@ def finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def exit_on_error(func: Callable[[], Any]) -> Any:
+def exit_on_error(func: Callable[[], T]) -> T:
     """Run ``func``; on a :class:`~kfp_trainer.errors.KfpTrainerError` print it and exit with its code."""
-    from ..errors import KfpTrainerError
-
     try:
         return func()
     except KfpTrainerError as e:
         print(f"[kfp-trainer] error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(e.exit_code) from None
+
+
+def run_step(work: Callable[[Stop], T]) -> T:
+    """A launcher component's body: ``work`` given the step's stop token, a user error its exit code.
+
+    The token is made first (:func:`kfp_trainer.cancel.stopping`): from here on a KFP cancel
+    (SIGTERM) ends the step with the TrainJob deleted or never created, and one that came while
+    the work finished still ends it cancelled (exit code 130).
+    """
+
+    def step() -> T:
+        with stopping() as stop:
+            return work(stop)
+
+    return exit_on_error(step)

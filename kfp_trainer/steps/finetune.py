@@ -28,43 +28,36 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidSpecErrors, UserError, ValidationError
 from .common import copy_dir, log, shared_dir
-from .finetune_inputs import METHODS, torchtune_finetune_arguments, torchtune_settings  # noqa: F401 - also imported from here
+from .finetune_inputs import (  # noqa: F401 - also imported from here
+    DATASET_ROOT,
+    METHODS,
+    SOURCE_KINDS,
+    TorchTuneArguments,
+    dataset_path_arg,
+    extra_overrides,
+    read_torchtune,
+    storage,
+    torchtune_finetune_arguments,
+    torchtune_settings,
+)
+from .step_types import StepArtifacts, StepOptions, TrainerContext, TypedTrainer
+from .train_job import run_train_job
+
+if TYPE_CHECKING:
+    from ..backends.base import RuntimeInfo
+    from ..cancel import Stop
+    from ..spec import TrainJobInputs
 
 OUTPUT_MOUNT = "/workspace/output"
-DATASET_ROOT = "/workspace/dataset"
 OUTPUT_VOLUME = "kfp-trainer-output"
-REMOTE_SCHEMES = ("hf", "s3")
 
 
-def _scheme(uri: str) -> str:
-    return uri.split("://", 1)[0].lower() if "://" in uri else "file"
-
-
-def dataset_path_arg(path: str) -> str:
-    """``dataset.data_dir``/``dataset.data_files`` for a path under ``/workspace/dataset``.
-
-    Example:
-        >>> dataset_path_arg("data"), dataset_path_arg("/workspace/dataset/train.json")
-        ('dataset.data_dir=/workspace/dataset/data', 'dataset.data_files=/workspace/dataset/train.json')
-
-    Raises:
-        ValidationError: the path leaves ``/workspace/dataset`` or cannot be one override.
-    """
-    rel = path[len(DATASET_ROOT) :].lstrip("/") if path.startswith(DATASET_ROOT) else path
-    parts = [p for p in rel.split("/") if p not in ("", ".")]
-    if rel.startswith("/") or ".." in parts or any(ch in path for ch in "=,\n{}[]'\""):
-        raise ValidationError("dataset_path", path, "a folder or file inside /workspace/dataset, e.g. data or train.json")
-    full = "/".join([DATASET_ROOT, *parts])
-    last = parts[-1] if parts else ""
-    return f"dataset.data_files={full}" if "." in last else f"dataset.data_dir={full}"
-
-
-class TorchTuneFinetune:
-    """A :class:`~kfp_trainer.steps.train_job.TypedTrainer` for the torchtune runtimes (see the module docstring)."""
+class TorchTuneFinetune(TypedTrainer):
+    """A :class:`~kfp_trainer.steps.step_types.TypedTrainer` for the torchtune runtimes (see the module docstring)."""
 
     def __init__(
         self,
@@ -90,6 +83,20 @@ class TorchTuneFinetune:
         self.output_dir: Path | None = None
         self.rendered: Any = None
         self.resumed: Any = None
+        self._storage: tuple[dict[str, Any], dict[str, Any]] | None = None  # (StorageSource by kind, local-only inputs)
+
+    @classmethod
+    def of(cls, read: TorchTuneArguments, *, dataset_path: str = "", learning_rate: float | None = None, seed: int | None = None,
+           overrides: list[str] | None = None) -> TorchTuneFinetune:  # fmt: skip
+        """The trainer of arguments :func:`~.finetune_inputs.read_torchtune` read without a problem (nothing read twice)."""
+        (dataset_uri, dataset_secret, dataset_options), (model_uri, model_secret, model_options) = (read.sources[k] for k in SOURCE_KINDS)
+        trainer = cls(
+            read.settings, dataset_uri=dataset_uri, dataset_secret=dataset_secret, dataset_options=dataset_options, model_uri=model_uri,
+            model_secret=model_secret, model_options=model_options, dataset_path=dataset_path, learning_rate=learning_rate,
+            seed=seed, overrides=overrides,
+        )  # fmt: skip
+        trainer._storage = (dict(read.found), dict(read.local_inputs))
+        return trainer
 
     def identity(self) -> dict[str, Any]:
         """Everything that changes what is trained."""
@@ -103,20 +110,26 @@ class TorchTuneFinetune:
         }
 
     # ------------------------------------------------------------------ before the job
-    def storage(self, kind: str) -> tuple[Any, dict[str, Any]]:
-        """(StorageSource for the SDK renderer or None, TrainJob inputs for a local-only URI)."""
-        from ..llm.inputs import StorageSource, parse
+    def storage(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(StorageSource for the SDK renderer or None, by kind; TrainJob inputs of local-only URIs), read once.
 
-        uri, secret, options = self.sources[kind]
-        if not uri:
-            if options or secret:
-                raise InvalidSpecErrors([ValidationError(f"{kind}_uri", "", f"a URI: {kind}_secret/{kind}_options need one")])
-            return None, {}
-        if _scheme(uri) in REMOTE_SCHEMES:
-            return parse(StorageSource, f"{kind}_", storage_uri=uri, secret_ref=secret or None, **(options or {})), {}
-        if options:
-            raise InvalidSpecErrors([ValidationError(f"{kind}_options", options, f"nothing for {uri}: they apply to hf:// and s3://")])
-        return None, {f"{kind}_uri": uri, **({f"{kind}_secret": secret} if secret else {})}  # builtin:// or file:// (local mode)
+        Raises:
+            InvalidSpecErrors: A secret or options without a URI, options for a local URI (every problem).
+        """
+        if self._storage is None:
+            found: dict[str, Any] = {}
+            local: dict[str, Any] = {}
+            errors: list[ValidationError] = []
+            for kind in SOURCE_KINDS:
+                try:
+                    found[kind], more = storage(kind, *self.sources[kind])
+                    local.update(more)
+                except InvalidSpecErrors as e:
+                    errors += e.errors
+            if errors:
+                raise InvalidSpecErrors(errors)
+            self._storage = (found, local)
+        return self._storage
 
     def source_inputs(self) -> dict[str, Any]:
         """The sources as the TrainJob will carry them (checked with the step's inputs before the runtime is read).
@@ -124,9 +137,8 @@ class TorchTuneFinetune:
         Raises:
             InvalidSpecErrors: A secret or options without a URI, options for a local URI.
         """
-        out: dict[str, Any] = {}
-        for kind in ("dataset", "model"):
-            out.update(self.storage(kind)[1])
+        out = dict(self.storage()[1])
+        for kind in SOURCE_KINDS:
             out.setdefault(f"{kind}_uri", self.sources[kind][0] or None)  # the initializer's URI
         return out
 
@@ -148,10 +160,9 @@ class TorchTuneFinetune:
 
     def extra_overrides(self) -> list[str]:
         """The overrides after the typed settings': ``optimizer.lr``, ``seed``, then ``overrides``."""
-        extra = [f"optimizer.lr={self.learning_rate:g}"] if self.learning_rate is not None else []
-        return extra + ([f"seed={self.seed}"] if self.seed is not None else []) + self.overrides
+        return extra_overrides(self.learning_rate, self.seed, self.overrides)
 
-    def _output(self, ctx: Any) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
+    def _output(self, ctx: TrainerContext, inputs: TrainJobInputs) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
         """Where the output goes on this side, and the volume + mount that put it at /workspace/output."""
         from ..taskconfig import mount_covering
 
@@ -167,38 +178,28 @@ class TorchTuneFinetune:
                 "(dsl.PipelineConfig(workspace=dsl.WorkspaceConfig(size=...))) or mount a PVC on the task",
             )  # fmt: skip
         host = Path(ctx.shared_root) / folder
-        mount = mount_covering(str(host), ctx.inputs.get("volume_mounts"))
+        mount = mount_covering(str(host), inputs.volume_mounts)
         if mount is None:  # choose_shared_root found it among the mounts: cannot happen
-            raise ValidationError("volume_mounts", ctx.inputs.get("volume_mounts"), f"a mount covering {ctx.shared_root}")
+            raise ValidationError("volume_mounts", inputs.volume_mounts, f"a mount covering {ctx.shared_root}")
         rel = str(host)[len(mount["mountPath"].rstrip("/")) :].lstrip("/")
         sub = "/".join(p for p in (str(mount.get("subPath") or "").strip("/"), rel) if p)
         # The same volume once more under a name of its own: the Trainer's runtimePatches key a
         # container's mounts by volume name, so one volume cannot be mounted twice there.
-        source = next((v for v in ctx.inputs.get("volumes") or [] if v.get("name") == mount["name"]), None)
+        source = next((v for v in inputs.volumes if v.get("name") == mount["name"]), None)
         if source is None:
-            raise ValidationError("volumes", ctx.inputs.get("volumes"), f"the volume {mount['name']!r} that holds {ctx.shared_root}")
+            raise ValidationError("volumes", inputs.volumes, f"the volume {mount['name']!r} that holds {ctx.shared_root}")
         volume = {**{k: v for k, v in source.items() if k != "name"}, "name": OUTPUT_VOLUME}
         return host, [volume], [{"name": OUTPUT_VOLUME, "mountPath": OUTPUT_MOUNT, "subPath": sub}]
 
-    def configure(self, ctx: Any) -> dict[str, Any]:
+    def configure(self, ctx: TrainerContext, runtime: RuntimeInfo, inputs: TrainJobInputs) -> dict[str, Any]:
         """The SDK's TrainJob for these settings, with the output mount and, on a retry, the resume overrides."""
         from ..llm import checkpoints, render, tune_command
         from ..llm.runtimes import RuntimeTrainer
 
-        errors: list[ValidationError] = []
-        found: dict[str, Any] = {}
-        local_inputs: dict[str, Any] = {}
-        for kind in ("dataset", "model"):
-            try:
-                found[kind], more = self.storage(kind)
-                local_inputs.update(more)
-            except InvalidSpecErrors as e:
-                errors += e.errors
-        if errors:
-            raise InvalidSpecErrors(errors)
-        self.rendered = render.render_builtin(ctx.runtime.document, self.settings, dataset=found["dataset"], model=found["model"])
+        found, local_inputs = self.storage()
+        self.rendered = render.render_builtin(runtime.document, self.settings, dataset=found["dataset"], model=found["model"])
         args = self._args(list(self.rendered.inputs["args"]))
-        self.output_dir, volumes, mounts = self._output(ctx)
+        self.output_dir, volumes, mounts = self._output(ctx, inputs)
         plan = checkpoints.resume_plan(checkpoints.scan(self.output_dir), total_epochs=self.settings.epochs, adapter=self.rendered.adapter)
         resume: list[str] = []
         if plan.epochs_done and not plan.finished:
@@ -211,16 +212,16 @@ class TorchTuneFinetune:
             **self.rendered.inputs,  # the SDK's job: runtime, command, nodes, resources, initializers
             "args": args,
             "resume_args": resume,  # the same job continued: the retry replaces the failed try's TrainJob
-            "volumes": list(ctx.inputs.get("volumes") or []) + volumes,
-            "volume_mounts": [m for m in ctx.inputs.get("volume_mounts") or [] if m.get("mountPath") != OUTPUT_MOUNT] + mounts,
+            "volumes": list(inputs.volumes) + volumes,
+            "volume_mounts": [m for m in inputs.volume_mounts if m.get("mountPath") != OUTPUT_MOUNT] + mounts,
             **local_inputs,
         }
         # The Trainer's rules once more, on the final overrides and the node shape the task's settings give.
-        rt = RuntimeTrainer.from_runtime(ctx.runtime.document)
+        rt = RuntimeTrainer.from_runtime(runtime.document)
         nodes, nproc, gpus = tune_command.node_shape(
             runtime_resources=rt.resources, runtime_num_nodes=rt.num_nodes,
-            job_trainer={"numNodes": out.get("num_nodes") or ctx.inputs.get("num_nodes"),
-                         "resourcesPerNode": out.get("resources_per_node") or ctx.inputs.get("resources_per_node")},
+            job_trainer={"numNodes": out.get("num_nodes") or inputs.num_nodes,
+                         "resourcesPerNode": out.get("resources_per_node") or inputs.resources_per_node or None},
         )  # fmt: skip
         refused = tune_command.webhook_errors(rt.name, args + resume, num_nodes=nodes, num_proc_per_node=nproc, gpus_per_node=gpus)
         if refused:
@@ -234,17 +235,13 @@ class TorchTuneFinetune:
             ctx.metadata["resumed_from"] = plan.checkpoint.folder
         return out
 
-    def finalize(self, ctx: Any, paths: dict[str, str]) -> dict[str, Any]:
-        """Nothing more: the runtime's command names no artifact paths."""
-        return {}
-
-    def before_launch(self, ctx: Any) -> None:
+    def before_launch(self, ctx: TrainerContext) -> None:
         """Create the output folder, writable by the trainer's user."""
         if self.output_dir is not None:
             shared_dir(self.output_dir)
 
     # ------------------------------------------------------------------ after the job
-    def collect(self, ctx: Any, outcome: Any) -> None:
+    def collect(self, ctx: TrainerContext, outcome: Any) -> None:
         """The last complete epoch becomes the output model; the loss log becomes metrics."""
         from ..llm import checkpoints, tune_output
 
@@ -284,42 +281,37 @@ def run_torchtune_finetune(
     method: str,
     settings: dict[str, Any],
     sources: dict[str, Any],
-    dataset_path: str = "",
+    inputs: dict[str, Any],
+    artifacts: StepArtifacts,
+    options: StepOptions,
+    dataset_path: str | None = "",
     learning_rate: float | None = None,
     seed: int | None = None,
     overrides: list[str] | None = None,
-    **launch: Any,
+    stop: Stop | None = None,
 ) -> Any:
-    """Run the ``torchtune_finetune`` component: validate the settings, then one TrainJob (see the module docstring).
+    """Run the ``torchtune_finetune`` component: read the settings once, then one TrainJob (see the module docstring).
 
     Args:
         method: ``full``, ``lora`` or ``qlora``.
         settings: The component's torchtune inputs (see :func:`torchtune_settings`).
         sources: ``dataset_uri``, ``dataset_secret``, ``dataset_options`` and the same for ``model``.
+        inputs: The TrainJob inputs (runtime, names, labels, scheduling, ...).
+        artifacts: The step's output artifacts.
+        options: The launcher's own inputs.
         dataset_path: Where the dataset's files are under ``/workspace/dataset``.
         learning_rate: ``optimizer.lr``, when set.
         seed: torchtune's ``seed``, when set (``None`` or negative: the runtime config's).
         overrides: More ``key=value`` overrides of the runtime's torchtune config.
-        **launch: What :func:`~kfp_trainer.steps.train_job.run_train_job` takes besides ``trainer``.
+        stop: The step's stop token.
 
     Returns:
         The launcher's ``Outcome``.
     """
-    from .checks import torchtune_errors
-    from .train_job import run_train_job
-
-    arguments = {"method": method, "settings": settings, "sources": sources, "dataset_path": dataset_path,
-                 "learning_rate": learning_rate, "seed": seed, "overrides": overrides, "inputs": launch.get("inputs")}  # fmt: skip
-    # What a built pipeline checked too, the TrainJob inputs left to run_train_job (checked once there).
-    errors = torchtune_errors(arguments, local=True, trainjob=False)
-    if errors:
-        raise InvalidSpecErrors(errors)
-    trainer = TorchTuneFinetune(
-        torchtune_settings(method, **settings),
-        dataset_path=dataset_path or "",
-        learning_rate=learning_rate,
-        seed=seed,
-        overrides=overrides,
-        **{k: v for k, v in sources.items() if v is not None},
-    )
-    return run_train_job(trainer=trainer, **launch)
+    # What a built pipeline checked too; the TrainJob inputs are checked once, by prepare.
+    read = read_torchtune({"method": method, "settings": settings, "sources": sources, "dataset_path": dataset_path,
+                           "learning_rate": learning_rate, "seed": seed, "overrides": overrides})  # fmt: skip
+    if read.errors:
+        raise InvalidSpecErrors(read.errors)
+    trainer = TorchTuneFinetune.of(read, dataset_path=dataset_path or "", learning_rate=learning_rate, seed=seed, overrides=overrides)
+    return run_train_job(inputs, artifacts, options, trainer, stop=stop)

@@ -3,12 +3,15 @@
 :func:`torchtune_settings` turns the component's flat inputs into the kubeflow SDK's
 ``TorchTuneConfig`` (:class:`~kfp_trainer.llm.inputs.TorchTuneSettings`), naming the component's
 inputs in its errors; :func:`torchtune_finetune_arguments` sorts a task's input values into what
-:func:`~kfp_trainer.steps.finetune.run_torchtune_finetune` takes. Both run in the step and, on
-literal arguments, when a pipeline is built (:mod:`.checks`).
+:func:`~kfp_trainer.steps.finetune.run_torchtune_finetune` takes; :func:`read_torchtune` reads
+those arguments once -- settings, sources, dataset path, overrides -- with every problem. They
+run in the step and, on literal arguments, when a pipeline is built (:mod:`.checks`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidSpecErrors, ValidationError
@@ -25,6 +28,9 @@ _DATASET_INPUTS = {
 }  # fmt: skip
 _TOP_INPUTS = ("dtype", "batch_size", "epochs", "loss", "num_nodes", "resources_per_node")
 METHODS = ("full", "lora", "qlora")
+DATASET_ROOT = "/workspace/dataset"
+REMOTE_SCHEMES = ("hf", "s3")
+SOURCE_KINDS = ("dataset", "model")
 
 
 def torchtune_settings(method: str = "full", **inputs: Any) -> Any:
@@ -125,3 +131,108 @@ def torchtune_finetune_arguments(values: dict[str, Any]) -> dict[str, Any]:
         "seed": values.get("seed"),
         "overrides": values.get("overrides"),
     }
+
+
+def _scheme(uri: str) -> str:
+    return uri.split("://", 1)[0].lower() if "://" in uri else "file"
+
+
+def dataset_path_arg(path: str) -> str:
+    """``dataset.data_dir``/``dataset.data_files`` for a path under ``/workspace/dataset``.
+
+    Example:
+        >>> dataset_path_arg("data"), dataset_path_arg("/workspace/dataset/train.json")
+        ('dataset.data_dir=/workspace/dataset/data', 'dataset.data_files=/workspace/dataset/train.json')
+
+    Raises:
+        ValidationError: the path leaves ``/workspace/dataset`` or cannot be one override.
+    """
+    rel = path[len(DATASET_ROOT) :].lstrip("/") if path.startswith(DATASET_ROOT) else path
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if rel.startswith("/") or ".." in parts or any(ch in path for ch in "=,\n{}[]'\""):
+        raise ValidationError("dataset_path", path, "a folder or file inside /workspace/dataset, e.g. data or train.json")
+    full = "/".join([DATASET_ROOT, *parts])
+    last = parts[-1] if parts else ""
+    return f"dataset.data_files={full}" if "." in last else f"dataset.data_dir={full}"
+
+
+def storage(kind: str, uri: str, secret: str = "", options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """(``StorageSource`` for the SDK renderer or None, TrainJob inputs for a local-only URI) of one source.
+
+    Raises:
+        InvalidSpecErrors: A secret or options without a URI, options for a local URI, a bad source.
+    """
+    from ..llm.inputs import StorageSource, parse
+
+    if not uri:
+        if options or secret:
+            raise InvalidSpecErrors([ValidationError(f"{kind}_uri", "", f"a URI: {kind}_secret/{kind}_options need one")])
+        return None, {}
+    if _scheme(uri) in REMOTE_SCHEMES:
+        return parse(StorageSource, f"{kind}_", storage_uri=uri, secret_ref=secret or None, **(options or {})), {}
+    if options:
+        raise InvalidSpecErrors([ValidationError(f"{kind}_options", options, f"nothing for {uri}: they apply to hf:// and s3://")])
+    return None, {f"{kind}_uri": uri, **({f"{kind}_secret": secret} if secret else {})}  # builtin:// or file:// (local mode)
+
+
+def extra_overrides(learning_rate: float | None, seed: int | None, overrides: list[str] | None) -> list[str]:
+    """The overrides after the typed settings': ``optimizer.lr``, ``seed`` (a negative one: the runtime's), then ``overrides``.
+
+    Example:
+        >>> extra_overrides(0.001, -1, ["epochs=1"])
+        ['optimizer.lr=0.001', 'epochs=1']
+    """
+    extra = [f"optimizer.lr={learning_rate:g}"] if learning_rate is not None else []
+    return extra + ([f"seed={seed}"] if seed is not None and seed >= 0 else []) + list(overrides or [])
+
+
+@dataclass
+class TorchTuneArguments:
+    """A fine-tune's arguments read once (:func:`read_torchtune`): what the step's trainer is made of."""
+
+    settings: Any  # the SDK's TorchTuneConfig, None when its inputs are invalid
+    sources: dict[str, tuple[str, str, dict[str, Any] | None]]  # kind -> (uri, secret, options)
+    found: dict[str, Any] = field(default_factory=dict)  # kind -> StorageSource for the SDK renderer, or None
+    local_inputs: dict[str, Any] = field(default_factory=dict)  # TrainJob inputs of local-only URIs
+    errors: list[ValidationError] = field(default_factory=list)
+
+    def source_inputs(self) -> dict[str, Any]:
+        """The sources as the TrainJob will carry them (the initializers' URIs)."""
+        out = dict(self.local_inputs)
+        for kind in SOURCE_KINDS:
+            out.setdefault(f"{kind}_uri", self.sources[kind][0] or None)
+        return out
+
+
+def read_torchtune(args: Mapping[str, Any]) -> TorchTuneArguments:
+    """:func:`torchtune_finetune_arguments`' output read once: the settings, the sources, the dataset path, the overrides.
+
+    Every problem is in ``errors``; what could be read is there even when some could not.
+    """
+    from ..llm.tune_output import check_overrides
+    from ..spec import rules
+
+    out = TorchTuneArguments(settings=None, sources={})
+    try:
+        out.settings = torchtune_settings(args.get("method", "full"), **(args.get("settings") or {}))
+    except InvalidSpecErrors as e:
+        out.errors += e.errors
+    given = args.get("sources") or {}
+    for kind in SOURCE_KINDS:
+        out.sources[kind] = (given.get(f"{kind}_uri") or "", given.get(f"{kind}_secret") or "", given.get(f"{kind}_options"))
+        try:
+            out.found[kind], more = storage(kind, *out.sources[kind])
+            out.local_inputs.update(more)
+        except InvalidSpecErrors as e:
+            out.errors += e.errors
+    if args.get("dataset_path"):
+        try:
+            dataset_path_arg(args["dataset_path"])
+        except ValidationError as e:
+            out.errors.append(e)
+    out.errors += check_overrides(extra_overrides(args.get("learning_rate"), args.get("seed"), args.get("overrides")), [])
+    if isinstance(args.get("overrides"), list):
+        out.errors += rules.check_args("overrides", args["overrides"])
+    prompt = (args.get("settings") or {}).get("system_prompt")
+    out.errors += rules.check_secret_text("system_prompt", prompt) if isinstance(prompt, str) else []
+    return out

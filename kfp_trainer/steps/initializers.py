@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .checks import check_initializer
 from .common import log, model_metadata
 
 
@@ -12,7 +13,6 @@ def run_initializer(*, uri: str, kind: str, output: Any, ignore_patterns: list[s
     """Fetch ``uri`` into the output artifact and describe it in the artifact's metadata."""
     from ..data import discover
     from ..storage import fetch, redact
-    from .checks import check_initializer
 
     check_initializer({"uri": uri})
     started = time.monotonic()

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import UserError
 from .common import copy_dir, dir_stats, finite, log, model_metadata
-from .train_job import StepArtifacts, TrainerContext, TypedTrainer
+from .step_types import StepArtifacts, TrainerContext, TypedTrainer
 
 
 def copy_out(plan: Any, ctx: TrainerContext, trainer: TypedTrainer | None, outcome: Any) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import UserError
 from .common import copy_dir, finite, log
+from .evaluate import read_metrics_artifact
 
 
 def best_index(candidates: Sequence[Mapping[str, Any]], metric: str, *, higher_is_better: bool | None = None) -> int:
@@ -96,8 +97,6 @@ def run_select_best(
     Raises:
         UserError: Models and metrics differ in number, or none has the metric.
     """
-    from .evaluate import read_metrics_artifact
-
     if len(models) != len(metrics) or not models:
         raise UserError(f"{len(models)} models but {len(metrics)} metrics: give one metrics artifact per model")
     values = [read_metrics_artifact(m) for m in metrics]

@@ -21,17 +21,26 @@ folders. The step builds on :func:`~kfp_trainer.steps.train_job.run_train_job`:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidSpecErrors, ValidationError
+from .arguments import trl_arguments  # noqa: F401 - also imported from here
 from .common import log
+from .step_types import StepArtifacts, StepOptions, TrainerContext, TypedTrainer
+from .train_job import run_train_job
+
+if TYPE_CHECKING:
+    from ..backends.base import RuntimeInfo
+    from ..cancel import Stop
+    from ..spec import TrainJobInputs
 
 
-class TRLFinetune:
-    """A :class:`~kfp_trainer.steps.train_job.TypedTrainer` for TRL runtimes (see the module docstring)."""
+class TRLFinetune(TypedTrainer):
+    """A :class:`~kfp_trainer.steps.step_types.TypedTrainer` for TRL runtimes (see the module docstring)."""
 
     def __init__(self, settings: Any, *, sources: dict[str, str] | None = None, merge_adapter: bool = True) -> None:
         self.settings = settings
@@ -42,15 +51,15 @@ class TRLFinetune:
         """Everything that changes what is trained."""
         return {"settings": self.settings.summary(), "sources": self.sources, "merge_adapter": self.merge_adapter}
 
-    def configure(self, ctx: Any) -> dict[str, Any]:
+    def configure(self, ctx: TrainerContext, runtime: RuntimeInfo, inputs: TrainJobInputs) -> dict[str, Any]:
         """The TrainJob's arguments for the runtime, once it is known to be a TRL runtime."""
         from ..llm.trl_runtime import FRAMEWORK, FRAMEWORK_LABEL, RUNTIME_NAME, is_trl
 
-        document = getattr(ctx.runtime, "document", None) or {}
+        document = runtime.document
         if not is_trl(document):
             found = ((document.get("metadata") or {}).get("labels") or {}).get(FRAMEWORK_LABEL, "")
             raise InvalidSpecErrors([ValidationError(
-                "runtime", ctx.inputs.get("runtime"),
+                "runtime", inputs.runtime,
                 f"a runtime labelled {FRAMEWORK_LABEL}: {FRAMEWORK} (e.g. {RUNTIME_NAME}, deploy/trl-runtime.yaml); "
                 f"this one is labelled {found or 'with no framework'}",
             )])  # fmt: skip
@@ -68,14 +77,7 @@ class TRLFinetune:
         ctx.metadata.update(method=self.settings.method, trainer="trl", trl_settings=json.dumps(self.settings.summary(), sort_keys=True))
         return {"args": args}
 
-    def finalize(self, ctx: Any, paths: dict[str, str]) -> dict[str, Any]:
-        """Nothing more: the paths are in the arguments."""
-        return {}
-
-    def before_launch(self, ctx: Any) -> None:
-        """Nothing to create: the launcher makes the output folder."""
-
-    def collect(self, ctx: Any, outcome: Any) -> None:
+    def collect(self, ctx: TrainerContext, outcome: Any) -> None:
         """The trainer's ``training_info.json`` into the model's metadata and the report."""
         info_file = Path(ctx.output_model.path) / "training_info.json"
         info = json.loads(info_file.read_text()) if info_file.is_file() else {}
@@ -115,89 +117,52 @@ def _fetched(kind: str, uri: str, where: Path) -> Any:
     return SimpleNamespace(path=str(where), uri=str(where), metadata={"source_uri": info.get("source_uri", redact(uri))})
 
 
-_SETTINGS = (
-    "learning_rate", "per_device_train_batch_size", "num_train_epochs", "max_steps", "bf16", "use_peft", "lora_r",
-    "lora_alpha", "lora_dropout", "lora_target_modules", "load_in_4bit", "beta", "max_length", "save_steps",
-    "logging_steps", "seed",
-)  # fmt: skip
-_JOB_INPUTS = (
-    "runtime", "runtime_kind", "num_nodes", "num_proc_per_node", "resources_per_node", "name", "name_prefix", "namespace",
-    "run_id", "task_name", "task_id", "pipeline_name", "labels", "pod_labels", "pod_annotations", "node_selector",
-    "tolerations", "service_account", "active_deadline_seconds", "queue_name", "priority_class",
-)  # fmt: skip
-
-
-def trl_arguments(values: dict[str, Any]) -> dict[str, Any]:
-    """The ``trl_finetune`` component's inputs sorted into :func:`run_trl_finetune`'s arguments.
-
-    ``values`` are the component's inputs by name; 0 / False for an unset setting or TrainJob
-    input become ``None`` (TRL's or the runtime's default). Used by the component and by the
-    check run when a pipeline is built, so both read the inputs the same way.
-
-    Example:
-        >>> trl_arguments({"method": "dpo", "beta": 0.1, "use_peft": False, "num_nodes": 0})["settings"]
-        {'use_peft': None, 'beta': 0.1}
-    """
-    settings = {k: values[k] for k in _SETTINGS if k in values}
-    for flag in ("use_peft", "load_in_4bit"):
-        if flag in settings:
-            settings[flag] = settings[flag] or None
-    inputs = {k: values[k] for k in _JOB_INPUTS if k in values}
-    for name in ("num_nodes", "active_deadline_seconds"):
-        if name in inputs:
-            inputs[name] = inputs[name] or None
-    return {
-        "method": values.get("method", "sft"), "settings": settings, "extra_args": values.get("extra_args"),
-        "merge_adapter": values.get("merge_adapter", True), "dataset_uri": values.get("dataset_uri") or "",
-        "model_uri": values.get("model_uri") or "", "inputs": inputs,
-    }  # fmt: skip
-
-
 def run_trl_finetune(
     *,
     method: str,
     settings: dict[str, Any],
+    inputs: dict[str, Any],
+    artifacts: StepArtifacts,
+    options: StepOptions,
     extra_args: list[str] | None = None,
     merge_adapter: bool = True,
     dataset_uri: str = "",
     model_uri: str = "",
-    dataset: Any = None,
-    model: Any = None,
-    **launch: Any,
+    stop: Stop | None = None,
 ) -> Any:
     """Run the ``trl_finetune`` component: check the settings, fetch URI sources, then one TrainJob.
 
     Args:
         method: ``sft`` or ``dpo``.
         settings: The component's TRL inputs (:func:`~kfp_trainer.llm.trl_config.trl_settings`).
+        inputs: The TrainJob inputs (runtime, nodes, names, labels, scheduling, ...).
+        artifacts: The step's artifacts; ``dataset`` and ``model`` are the input artifacts, or ``None``.
+        options: The launcher's own inputs.
         extra_args: More TRL flags.
         merge_adapter: LoRA: save the merged model at the top and the adapter in ``adapter/``.
         dataset_uri: Dataset to fetch when no ``dataset`` artifact is given.
         model_uri: Model to fetch when no ``model`` artifact is given.
-        dataset: The dataset artifact, or ``None``.
-        model: The model artifact, or ``None``.
-        **launch: What :func:`~kfp_trainer.steps.train_job.run_train_job` takes besides ``trainer``.
+        stop: The step's stop token.
 
     Returns:
         The launcher's ``Outcome``.
     """
     from ..llm.trl_config import trl_settings
-    from .train_job import run_train_job
 
     checked = trl_settings(method=method, extra_args=extra_args, **settings)
     errors = []
-    for kind, artifact, uri in (("dataset", dataset, dataset_uri), ("model", model, model_uri)):
+    for kind, artifact, uri in (("dataset", artifacts.dataset, dataset_uri), ("model", artifacts.model, model_uri)):
         if artifact is not None and uri:
             errors.append(ValidationError(f"{kind}_uri", uri, f"nothing when the {kind} artifact is given (one source per input)"))
         elif artifact is None and not uri:
             errors.append(ValidationError(kind, None, f"a {kind} artifact (e.g. {kind}_initializer's output) or {kind}_uri"))
     if errors:
         raise InvalidSpecErrors(errors)
-    output = Path(launch["output_model"].path)
+    output = Path(artifacts.output_model.path)
     sources = {"dataset_uri": dataset_uri, "model_uri": model_uri}
-    if dataset is None:
-        dataset = _fetched("dataset", dataset_uri, output.with_name(output.name + ".trl-dataset"))
-    if model is None:
-        model = _fetched("model", model_uri, output.with_name(output.name + ".trl-model"))
+    fetched = {
+        kind: _fetched(kind, uri, output.with_name(f"{output.name}.trl-{kind}"))
+        for kind, artifact, uri in (("dataset", artifacts.dataset, dataset_uri), ("model", artifacts.model, model_uri)) if artifact is None
+    }
     trainer = TRLFinetune(checked, sources={k: v for k, v in sources.items() if v}, merge_adapter=merge_adapter)
-    return run_train_job(trainer=trainer, dataset=dataset, model=model, **launch)
+    return run_train_job(inputs, dataclasses.replace(artifacts, **fetched), options, trainer, stop=stop)

@@ -25,16 +25,15 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..errors import InvalidSpecErrors, ValidationError
+from .finetune import TorchTuneFinetune
 
 
 def _run_time_error(kind: str) -> ValidationError:
     """The error the step raises on a cluster without a shared volume, obtained from the step's own code."""
     if kind == "torchtune_finetune":
-        from .finetune import TorchTuneFinetune
-
-        ctx = SimpleNamespace(local=False, shared_root=None, key="", output_model=None, inputs={})
+        ctx = SimpleNamespace(local=False, shared_root=None, key="", output_model=None)
         try:
-            TorchTuneFinetune(None)._output(ctx)
+            TorchTuneFinetune(None)._output(ctx, None)
         except ValidationError as e:
             return e
     else:

@@ -212,19 +212,6 @@ def encode_examples(
     return encoded
 
 
-def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    """Tokenizes a prompt the same way :func:`encode_example` does.
-
-    Args:
-        tokenizer: A Hugging Face tokenizer.
-        prompt: The prompt text.
-
-    Returns:
-        The token ids.
-    """
-    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-
-
 def collate(
     examples: list[tuple[list[int], int]],
     pad_id: int,

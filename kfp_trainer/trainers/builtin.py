@@ -297,18 +297,6 @@ def _available() -> str:
     return ", ".join(f"{SCHEME}://{kind}/{name}" for kind, names in list_builtin().items() for name in names)
 
 
-def is_builtin_uri(uri: str) -> bool:
-    """Tells whether a URI uses the ``builtin://`` scheme.
-
-    Args:
-        uri: Any URI or path.
-
-    Returns:
-        True for ``builtin://...`` URIs.
-    """
-    return uri.startswith(f"{SCHEME}://")
-
-
 def parse_uri(uri: str) -> tuple[str, str]:
     """Splits a ``builtin://<kind>/<name>`` URI.
 

@@ -41,8 +41,8 @@ def inert(manifest: dict) -> dict:
 class InertBackend(KubernetesBackend):
     """The real backend; the jobs it creates are left to the test, not to a controller."""
 
-    def submit(self, manifest, *, runtime=None):
-        return super().submit(inert(manifest), runtime=runtime)
+    def submit(self, manifest, *, runtime=None, stop=None):
+        return super().submit(inert(manifest), runtime=runtime, stop=stop)
 
 
 def kube_client(kubeconfig: str) -> Client:

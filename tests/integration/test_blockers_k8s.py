@@ -15,6 +15,7 @@ from kubernetes import client
 
 from kfp_trainer.errors import CannotStartError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 
 pytestmark = pytest.mark.timeout(120)
 POD = {"restartPolicy": "Never", "containers": [{"name": "node", "image": "busybox"}]}
@@ -53,7 +54,7 @@ def test_pods_refused_at_creation_fail_the_step_within_seconds(kube_client, api_
     launcher = Launcher(backend(kube_client, namespace), options, out=out, on_submitted=jobset_stand_in)
     started = time.monotonic()
     with pytest.raises(CannotStartError) as info:
-        launcher.run(inputs(namespace, suspend=True))
+        launcher.run(prepare(launcher.backend, inputs(namespace, suspend=True)))
     took = time.monotonic() - started
     assert took < 30, took
     assert info.value.reason == "FailedCreate"

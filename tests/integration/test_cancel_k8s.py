@@ -14,10 +14,12 @@ import pytest
 from k8s_objects import backend, inputs, recording, trainjobs, wait_for
 from kubernetes import client
 
-from kfp_trainer import cancel, spec
+from kfp_trainer import spec
 from kfp_trainer.backends.kube.watch import wait_gone
+from kfp_trainer.cancel import stopping
 from kfp_trainer.errors import CancelledError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,9 +32,9 @@ def test_a_signal_while_the_create_request_is_in_flight_deletes_what_it_created(
 
     rec = recording(kube_client, before=sigterm_on_create)
     out = io.StringIO()
-    launcher = Launcher(backend(rec, namespace), LaunchOptions(logs="none"), out=out)
-    with pytest.raises(CancelledError):
-        launcher.run(inputs(namespace, suspend=True))
+    kube = backend(rec, namespace)
+    with pytest.raises(CancelledError), stopping() as stop:  # as the entry points do
+        Launcher(kube, LaunchOptions(logs="none"), out=out, stop=stop).run(prepare(kube, inputs(namespace, suspend=True), stop=stop))
     assert rec.count("POST", f"/{spec.PLURAL}") >= 1  # the create did reach the server
     assert "cancelled while submitting; deleted TrainJob" in out.getvalue()
     assert trainjobs(api_client, namespace) == []
@@ -108,13 +110,14 @@ def test_a_signal_ends_a_wait_for_an_earlier_try_to_go_at_once_but_never_a_delet
     core.delete_namespaced_config_map("held", namespace)  # stays, being deleted, until the finalizer goes
     path, selectors = f"/api/v1/namespaces/{namespace}/configmaps", [("fieldSelector", "metadata.name=held")]
     try:
-        with cancel.handling():
+        with pytest.raises(CancelledError), stopping() as stop:
             threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
             began = time.monotonic()
-            with pytest.raises(CancelledError):
-                wait_gone(kube_client, path, selectors, timeout=20, cancellable=True)
-            assert time.monotonic() - began < 3
-        with cancel.handling():  # a deletion's wait: a signal changes nothing, the bound ends it
+            try:
+                wait_gone(kube_client, path, selectors, timeout=20, stop=stop)
+            finally:
+                assert time.monotonic() - began < 3
+        with pytest.raises(CancelledError), stopping():  # a deletion's wait: a signal changes nothing, the bound ends it
             threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
             began = time.monotonic()
             left = wait_gone(kube_client, path, selectors, timeout=3)

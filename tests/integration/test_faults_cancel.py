@@ -22,6 +22,7 @@ from kfp_trainer import spec
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import TimeLimitError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(300)
@@ -81,7 +82,7 @@ def test_a_time_limit_deletes_the_job_jobset_jobs_and_pods_before_returning(kube
     launcher = Launcher(backend, LaunchOptions(logs="0", blocker_check_interval=1, **limits), out=out)
     inp = inputs(ns, script, num_nodes=2)
     with pytest.raises(TimeLimitError, match=words):
-        launcher.run(inp)
+        launcher.run(prepare(launcher.backend, inp))
     assert leftovers(kube_client, ns) == [], out.getvalue()
     seen = jobsets.close()
     assert len(seen) == 1, seen
@@ -149,7 +150,7 @@ def test_a_finalizer_that_outlasts_the_deletion_bound_is_named_with_the_remedy(k
     options = LaunchOptions(run_timeout=1, delete_timeout=3, logs="none")
     try:
         with pytest.raises(TimeLimitError):
-            Launcher(backend, options, out=out, on_submitted=hold).run(inputs(ns, RUNNING))
+            Launcher(backend, options, out=out, on_submitted=hold).run(prepare(backend, inputs(ns, RUNNING)))
         text = out.getvalue()
         assert f"still present after 3s: TrainJob {held[0]} (terminating)" in text
         assert f"kubectl get trainjob -n {ns} {held[0]} -o jsonpath='{{.metadata.finalizers}}'" in text

@@ -26,6 +26,7 @@ from kfp_trainer.backends.kube.api import RetryPolicy
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import TimeLimitError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(300)
@@ -51,7 +52,7 @@ class Run:
 
     def _run(self, inp: TrainJobInputs) -> None:
         try:
-            self.result["outcome"] = self.launcher.run(inp)
+            self.result["outcome"] = self.launcher.run(prepare(self.launcher.backend, inp))
         except Exception as e:  # the test asserts on it
             self.result["error"] = e
 
@@ -205,7 +206,7 @@ def test_time_limits_hold_behind_a_slow_api_server(kube_client, cluster, api_cli
     launcher = Launcher(backend, LaunchOptions(start_timeout=4, blocker_grace=600, logs="0", blocker_check_interval=1), out=out)
     started = time.monotonic()
     with pytest.raises(TimeLimitError, match="did not start within start_timeout=4s"):
-        launcher.run(inputs(checked, PodScript(start_delay=float("inf"))))
+        launcher.run(prepare(launcher.backend, inputs(checked, PodScript(start_delay=float("inf")))))
     took = time.monotonic() - started
     # Everything before the create, the limit, the deletion and its wait, each request 0.8 s slower.
     assert took < 40, took

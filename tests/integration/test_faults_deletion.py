@@ -30,6 +30,7 @@ from kfp_trainer.backends.kube.api import RetryPolicy
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import DeletionTimeoutError, JobFailedError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(240)
@@ -101,7 +102,7 @@ def start(kube_client, ns: str) -> tuple[threading.Thread, dict, io.StringIO, ob
 
     def run() -> None:
         try:
-            result["outcome"] = Launcher(backend, LaunchOptions(logs="0"), out=out).run(inp)
+            result["outcome"] = Launcher(backend, LaunchOptions(logs="0"), out=out).run(prepare(backend, inp))
         except Exception as e:
             result["error"] = e
 
@@ -160,7 +161,7 @@ def test_a_retry_never_adopts_the_job_being_deleted_and_creates_nothing_over_it(
         backend = KubernetesBackend(rec, namespace=ns, watch_timeout=10, replace_timeout=3, policy=RetryPolicy(attempts=3, base=0.2))
         retry_out = io.StringIO()
         with pytest.raises(DeletionTimeoutError) as info:
-            Launcher(backend, LaunchOptions(logs="0"), out=retry_out).run(inp)
+            Launcher(backend, LaunchOptions(logs="0"), out=retry_out).run(prepare(backend, inp))
         assert info.value.exit_code == 3
         assert f"TrainJob {ns}/{name} of an earlier try was still being deleted after 3s" in str(info.value)
         assert "with foreground propagation" in str(info.value) and f"finalizers {HOLD} hold it" in str(info.value)

@@ -21,6 +21,7 @@ from kfp_trainer.backends.kube.client import Client
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import DeletionTimeoutError, JobFailedError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(300)
@@ -129,7 +130,7 @@ def test_fifty_concurrent_launchers_of_one_task_make_one_job(api_client, kube_cl
         out = io.StringIO()
         backend = KubernetesBackend(api, namespace=ns, watch_timeout=30)
         try:
-            outcome = Launcher(backend, LaunchOptions(logs="0"), out=out).run(inp)
+            outcome = Launcher(backend, LaunchOptions(logs="0"), out=out).run(prepare(backend, inp))
             with lock:
                 results.append((outcome.succeeded, outcome.ref.uid, out.getvalue()))
         finally:
@@ -178,7 +179,8 @@ def test_a_runtime_deleted_while_its_job_runs_does_not_strand_the_launcher(kube_
         custom(api_client).delete_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, "trainingruntimes", "doomed")
 
     launcher = Launcher(backend, LaunchOptions(logs="0", delete_after_success=True), out=out, on_submitted=delete_runtime)
-    outcome = launcher.run(inputs(ns, PodScript(lines=LINES, line_delay=0.2), runtime="doomed", runtime_kind="TrainingRuntime"))
+    inp = inputs(ns, PodScript(lines=LINES, line_delay=0.2), runtime="doomed", runtime_kind="TrainingRuntime")
+    outcome = launcher.run(prepare(backend, inp))
     assert outcome.succeeded, out.getvalue()
     assert relayed(out.getvalue()) == LINES
     assert leftovers(kube_client, ns) == []
@@ -227,8 +229,9 @@ def failed_job(api_client, kube_client, ns: str) -> tuple[TrainJobInputs, dict]:
     """A TrainJob of a team runtime that failed (its pods exit 1); the runtime then succeeds."""
     team_runtime(api_client, ns, PodScript(lines=["boom"], exit_code=1, crash_backoff=0.1))
     inp = inputs(ns, runtime="flaky", runtime_kind="TrainingRuntime")
+    backend = KubernetesBackend(kube_client, namespace=ns, watch_timeout=10)
     with pytest.raises(JobFailedError):
-        Launcher(KubernetesBackend(kube_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="none"), out=io.StringIO()).run(inp)
+        Launcher(backend, LaunchOptions(logs="none"), out=io.StringIO()).run(prepare(backend, inp))
     team_runtime(api_client, ns, PodScript(lines=LINES))
     name = spec.render(inp)["metadata"]["name"]
     return inp, custom(api_client).get_namespaced_custom_object(spec.GROUP, spec.VERSION, ns, spec.PLURAL, name)
@@ -255,7 +258,7 @@ def test_a_failed_job_that_does_not_go_is_not_replaced_over_and_nothing_is_creat
     try:
         started = time.monotonic()
         with pytest.raises(DeletionTimeoutError) as info:
-            Launcher(backend, LaunchOptions(logs="none"), out=io.StringIO()).run(inp)
+            Launcher(backend, LaunchOptions(logs="none"), out=io.StringIO()).run(prepare(backend, inp))
         assert time.monotonic() - started < 15
         assert info.value.exit_code == 3
         assert "still being deleted after 3s" in str(info.value) and "not creating another one over it" in str(info.value)
@@ -273,9 +276,8 @@ def test_a_failed_job_that_takes_a_while_to_go_is_replaced_once_it_is_gone(kube_
     release.start()
     out = io.StringIO()
     started = time.monotonic()
-    outcome = Launcher(
-        KubernetesBackend(kube_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="0", delete_after_success=True), out=out
-    ).run(inp)
+    backend = KubernetesBackend(kube_client, namespace=ns, watch_timeout=10)
+    outcome = Launcher(backend, LaunchOptions(logs="0", delete_after_success=True), out=out).run(prepare(backend, inp))
     release.join()
     assert outcome.replaced and outcome.succeeded and outcome.ref.uid != old["metadata"]["uid"], out.getvalue()
     assert time.monotonic() - started >= 1.5
@@ -292,9 +294,8 @@ def test_a_job_already_being_deleted_is_waited_for_never_adopted(kube_client, ap
     release = threading.Timer(2.0, hold, (api_client, ns, name, None))
     release.start()
     out = io.StringIO()
-    outcome = Launcher(
-        KubernetesBackend(kube_client, namespace=ns, watch_timeout=10), LaunchOptions(logs="0", delete_after_success=True), out=out
-    ).run(inp)
+    backend = KubernetesBackend(kube_client, namespace=ns, watch_timeout=10)
+    outcome = Launcher(backend, LaunchOptions(logs="0", delete_after_success=True), out=out).run(prepare(backend, inp))
     release.join()
     assert outcome.succeeded and not outcome.adopted and outcome.ref.uid != old["metadata"]["uid"], out.getvalue()
     assert f"TrainJob {ns}/{name} of an earlier try is being deleted; waited for it to go before creating a new one" in out.getvalue()

@@ -27,8 +27,10 @@ from testcluster import PodScript
 from kfp_trainer import spec
 from kfp_trainer.backends.kube.api import RetryPolicy
 from kfp_trainer.backends.kubernetes import KubernetesBackend
+from kfp_trainer.cancel import stopping
 from kfp_trainer.errors import CancelledError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(240)
@@ -67,7 +69,7 @@ def test_a_stream_the_server_does_not_end_after_the_container_exits_is_cut_and_r
     result: dict = {}
     inp = inputs(checked, PodScript(lines=LINES, line_delay=0.2, exit_delay=1.0))
     name = spec.render(inp)["metadata"]["name"]
-    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
+    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(prepare(launcher.backend, inp))), daemon=True)
     thread.start()
     try:
         assert frozen.wait(60), out.getvalue()
@@ -88,9 +90,8 @@ def test_a_stalled_log_stream_resumes_from_its_cursor_without_loss_or_repeats(ku
     backend = KubernetesBackend(rec, namespace=checked, watch_timeout=20, log_read_timeout=1.5)
     out = io.StringIO()
     lines = LINES[:4]
-    outcome = Launcher(backend, LaunchOptions(logs="0", delete_after_success=True), out=out).run(
-        inputs(checked, PodScript(lines=lines, line_delay=3.0))
-    )
+    inp = inputs(checked, PodScript(lines=lines, line_delay=3.0))
+    outcome = Launcher(backend, LaunchOptions(logs="0", delete_after_success=True), out=out).run(prepare(backend, inp))
     assert outcome.succeeded
     assert relayed(out.getvalue()) == lines
     resumed = [q for q in log_requests(rec) if "sinceTime" in q]
@@ -133,9 +134,8 @@ def test_a_forbidden_log_is_reported_once_and_the_job_still_followed_to_its_end(
         backend = KubernetesBackend(runner, namespace=checked, watch_timeout=20)
         out = io.StringIO()
         started = time.monotonic()
-        outcome = Launcher(backend, LaunchOptions(logs="0", delete_after_success=True), out=out).run(
-            inputs(checked, PodScript(lines=LINES, line_delay=0.3))
-        )
+        inp = inputs(checked, PodScript(lines=LINES, line_delay=0.3))
+        outcome = Launcher(backend, LaunchOptions(logs="0", delete_after_success=True), out=out).run(prepare(backend, inp))
         took = time.monotonic() - started
     finally:
         for delete, name in cleanup:
@@ -158,10 +158,9 @@ def test_a_cancel_while_a_failure_is_being_explained_is_a_cancel(kube_client, ap
     rec = recording(kube_client, before=sigterm_on_diagnosis)
     backend = KubernetesBackend(rec, namespace=checked, watch_timeout=20)
     out = io.StringIO()
-    with pytest.raises(CancelledError) as info:
-        Launcher(backend, LaunchOptions(logs="none"), out=out).run(
-            inputs(checked, PodScript(lines=["NaN loss"], exit_code=1, crash_backoff=0.1))
-        )
+    inp = inputs(checked, PodScript(lines=["NaN loss"], exit_code=1, crash_backoff=0.1))
+    with pytest.raises(CancelledError) as info, stopping() as stop:  # as the entry points do
+        Launcher(backend, LaunchOptions(logs="none"), out=out, stop=stop).run(prepare(backend, inp, stop=stop))
     assert info.value.exit_code == 130
     assert "CancelledError: deleting TrainJob" in out.getvalue()
     assert leftovers(kube_client, checked) == []
@@ -183,9 +182,8 @@ def test_a_quiet_job_outlasts_many_routine_reconnects(cluster, api_client, check
         api = api_via(cluster.kubeconfig, proxy.port)
         backend = KubernetesBackend(api, namespace=checked, watch_timeout=1, policy=RetryPolicy(attempts=3, base=0.2))
         out = io.StringIO()
-        outcome = Launcher(backend, LaunchOptions(logs="0", delete_after_success=True), out=out).run(
-            inputs(checked, PodScript(lines=["started"], exit_delay=20))
-        )
+        inp = inputs(checked, PodScript(lines=["started"], exit_delay=20))
+        outcome = Launcher(backend, LaunchOptions(logs="0", delete_after_success=True), out=out).run(prepare(backend, inp))
     finally:
         cutting.set()
         proxy.close()

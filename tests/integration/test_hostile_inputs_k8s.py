@@ -28,6 +28,7 @@ from kfp_trainer import spec  # noqa: E402
 from kfp_trainer.backends.kubernetes import KubernetesBackend  # noqa: E402
 from kfp_trainer.errors import UserError  # noqa: E402
 from kfp_trainer.launcher import Launcher, LaunchOptions  # noqa: E402
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import ALLOW_HOST_ACCESS_ANNOTATION, TrainJobInputs, render  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -69,7 +70,7 @@ def test_rejected_hostile_inputs_name_the_field_and_leave_no_trainjob_anywhere(k
         out = io.StringIO()
         try:
             inputs = TrainJobInputs.parse(**_inputs(case, namespace))
-            Launcher(backend, LaunchOptions(start_timeout=5, logs="none"), out=out).run(inputs)
+            Launcher(backend, LaunchOptions(start_timeout=5, logs="none"), out=out).run(prepare(backend, inputs))
             wrong.append(f"{case.id}: accepted")
         except UserError as e:
             shown = str(e) + out.getvalue()
@@ -117,10 +118,10 @@ def test_host_access_is_granted_by_an_annotated_cluster_runtime_and_never_by_a_n
             run_id="r", task_name="t", namespace=namespace, runtime="team-host", runtime_kind="TrainingRuntime", **host
         )
         with pytest.raises(UserError, match=r"volumes\[0\]\.hostPath"):
-            Launcher(backend, LaunchOptions(start_timeout=5, logs="none"), out=io.StringIO()).run(refused)
+            Launcher(backend, LaunchOptions(start_timeout=5, logs="none"), out=io.StringIO()).run(prepare(backend, refused))
         plain = TrainJobInputs(run_id="r", task_name="t", namespace=namespace, runtime="torch-distributed", **host)
         with pytest.raises(UserError, match=r"volumes\[0\]\.hostPath"):
-            Launcher(backend, LaunchOptions(start_timeout=5, logs="none"), out=io.StringIO()).run(plain)
+            Launcher(backend, LaunchOptions(start_timeout=5, logs="none"), out=io.StringIO()).run(prepare(backend, plain))
         assert custom.list_namespaced_custom_object(spec.GROUP, spec.VERSION, namespace, spec.PLURAL)["items"] == []
     finally:
         custom.delete_cluster_custom_object(spec.GROUP, spec.VERSION, "clustertrainingruntimes", cluster_name)

@@ -27,6 +27,7 @@ from kfp_trainer import spec
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import CancelledError, CannotStartError, TimeLimitError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(300)
@@ -130,9 +131,9 @@ def test_queue_timeout_still_bounds_the_wait_and_leaves_nothing(kube_client, api
     launcher = Launcher(KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5),
                         LaunchOptions(queue_timeout=4, blocker_check_interval=1.0), out=out)  # fmt: skip
     with pytest.raises(TimeLimitError, match=f"waited in queue {queue.local} longer than queue_timeout=4s") as info:
-        launcher.run(inp)
+        launcher.run(prepare(launcher.backend, inp))
     assert info.value.reason == "QueueTimeout" and "insufficient unused quota" in out.getvalue()
-    nothing_left(api_client, namespace, launcher.prepare(inp).manifest["metadata"]["name"])
+    nothing_left(api_client, namespace, prepare(launcher.backend, inp).manifest["metadata"]["name"])
 
 
 def test_more_than_the_queue_can_ever_give_fails_in_seconds_with_kueues_reason(kube_client, api_client, namespace, queue):
@@ -143,13 +144,13 @@ def test_more_than_the_queue_can_ever_give_fails_in_seconds_with_kueues_reason(k
                         LaunchOptions(queue_timeout=600, start_timeout=600, blocker_check_interval=1.0), out=out)  # fmt: skip
     began = time.monotonic()
     with pytest.raises(CannotStartError) as info:
-        launcher.run(inp)
+        launcher.run(prepare(launcher.backend, inp))
     assert time.monotonic() - began < 60  # the fatal-blocker grace, not a time limit
     assert info.value.reason == "InsufficientQuota"
     message = str(info.value)
     assert "cannot start: InsufficientQuota: Workload" in message and "more than its ClusterQueue can ever admit" in message
     assert f"insufficient quota for nvidia.com/gpu in flavor {queue.flavor}" in message and "> maximum capacity (8)" in message
-    nothing_left(api_client, namespace, launcher.prepare(inp).manifest["metadata"]["name"])
+    nothing_left(api_client, namespace, prepare(launcher.backend, inp).manifest["metadata"]["name"])
 
 
 def test_a_preempted_job_waits_is_readmitted_and_succeeds_as_the_same_trainjob(
@@ -263,7 +264,7 @@ def test_kueue_drops_a_v23_pod_patch_field_at_admission_and_the_step_fails_fast_
                         LaunchOptions(blocker_check_interval=1.0, fatal_blocker_grace=5), out=out)  # fmt: skip
     began = time.monotonic()
     with pytest.raises(CannotStartError, match="TrainJobResourcesCreationFailed") as info:
-        launcher.run(inp)
+        launcher.run(prepare(launcher.backend, inp))
     assert time.monotonic() - began < 90 and "field is immutable" in str(info.value)
     assert "admitted after" in out.getvalue()
-    nothing_left(api_client, namespace, launcher.prepare(inp).manifest["metadata"]["name"])
+    nothing_left(api_client, namespace, prepare(launcher.backend, inp).manifest["metadata"]["name"])

@@ -22,6 +22,7 @@ from testcluster.kueue import MANAGED_NAMESPACES, PRIORITY_LABEL
 from kfp_trainer import spec
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,9 +76,9 @@ def run(api, kube, core, namespace: str, image: str, placement: dict, high: str)
                      num_proc_per_node=1)  # fmt: skip
     out, result = io.StringIO(), {}
     launcher = Launcher(KubernetesBackend(kube, namespace=namespace), LaunchOptions(start_timeout=240, run_timeout=300), out=out)
-    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
+    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(prepare(launcher.backend, inp))), daemon=True)
     thread.start()
-    name = launcher.prepare(inp).manifest["metadata"]["name"]
+    name = prepare(launcher.backend, inp).manifest["metadata"]["name"]
     checkpoints = claim_folder(core, namespace) / ".checkpoints"
     wait_for(lambda: any(checkpoints.glob("step-*")), 240, what=f"a checkpoint in {checkpoints}:\n{out.getvalue()[-2000:]}", interval=0.5)
     uid = get_trainjob(api, namespace, name)["metadata"]["uid"]

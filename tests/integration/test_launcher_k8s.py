@@ -40,6 +40,7 @@ from kfp_trainer.errors import (
 )
 from kfp_trainer.jobstatus import JobRef
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,7 +100,7 @@ def launch(api, inp: TrainJobInputs, script: PodScript | None = None, *, backend
     out = io.StringIO()
     launcher = Launcher(backend, LaunchOptions(**{"blocker_check_interval": 1.0, **options}), out=out)
     try:
-        return launcher.run(scripted(inp, script)), out.getvalue()
+        return launcher.run(prepare(launcher.backend, scripted(inp, script))), out.getvalue()
     except Exception as e:
         e.output = out.getvalue()  # type: ignore[attr-defined]
         raise
@@ -170,7 +171,7 @@ def test_stored_trainjob_equals_the_rendered_manifest(kube_client, api_client, n
     backend = backend_for(kube_client, namespace)
     launcher = Launcher(backend, out=io.StringIO())
     full = {k: v for k, v in FULL.items() if k not in ("dataset_uri", "dataset_secret", "model_uri", "model_secret")}
-    job = launcher.prepare(scripted(inputs(namespace, **full), PodScript(exit_delay=float("inf"))))
+    job = prepare(launcher.backend, scripted(inputs(namespace, **full), PodScript(exit_delay=float("inf"))))
     manifest = job.manifest
     assert job.api_version == "v2.2"
     submission = backend.submit(manifest)
@@ -249,7 +250,7 @@ def test_forced_v21_manifest_is_rejected_by_a_v23_server(kube_client, api_client
     backend = backend_for(kube_client, namespace, api_version="v2.1")
     launcher = Launcher(backend, out=io.StringIO())
     with pytest.raises(RejectedError, match="podTemplateOverrides"):
-        launcher.run(inputs(namespace, node_selector={"a": "b"}))
+        launcher.run(prepare(launcher.backend, inputs(namespace, node_selector={"a": "b"})))
     assert list_trainjobs(api_client, namespace) == []
 
 
@@ -340,7 +341,7 @@ def test_deadline_exceeded_is_reported(kube_client, api_client, namespace):
 def test_retry_adopts_the_running_job_without_a_duplicate(kube_client, api_client, namespace):
     inp = scripted(inputs(namespace), PodScript(lines=[f"line {i}" for i in range(20)], line_delay=0.1))
     backend = backend_for(kube_client, namespace)
-    manifest = Launcher(backend, out=io.StringIO()).prepare(inp).manifest
+    manifest = prepare(backend, inp).manifest
     first = backend.submit(manifest)  # the first try dies right after creating its job
     outcome, out = launch(kube_client, inp)  # the retry
     assert outcome.adopted and outcome.ref.uid == first.ref.uid and outcome.succeeded
@@ -430,7 +431,7 @@ def test_slow_scheduling_within_the_grace_still_succeeds(kube_client, api_client
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0, blocker_grace=60), out=io.StringIO())
     core = client.CoreV1Api(api_client)
     result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
+    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(prepare(launcher.backend, inp))), daemon=True)
     thread.start()
     try:
         # Once the launcher said the pod cannot be scheduled, a node gets the label.
@@ -502,9 +503,9 @@ def test_suspended_job_is_reported_and_waits(kube_client, api_client, namespace)
     backend = backend_for(kube_client, namespace)
     inp = scripted(inputs(namespace, suspend=True), PodScript(lines=["resumed"]))
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0), out=io.StringIO())
-    manifest = launcher.prepare(inp).manifest
+    manifest = prepare(launcher.backend, inp).manifest
     result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
+    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(prepare(launcher.backend, inp))), daemon=True)
     thread.start()
     custom = client.CustomObjectsApi(api_client)
     wait_for(lambda: "suspended" in launcher.out.getvalue(), what="suspension reported")  # type: ignore[attr-defined]

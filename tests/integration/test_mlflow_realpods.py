@@ -30,6 +30,7 @@ from testcluster.containerd import GATEWAY
 
 from kfp_trainer import steps
 from kfp_trainer.backends.kubernetes import KubernetesBackend
+from kfp_trainer.cancel import stopping
 from tests.mlflow_server import MlflowServer, start
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,7 +63,7 @@ def artifact(cls: type, path: Path) -> dsl.Artifact:
 
 
 def test_trainer_pods_log_into_the_kfp_plugins_run_and_the_credentials_stay_secret_references(
-    api_client, namespace, real_node, trainer_image, node_mlflow, tmp_path, monkeypatch
+    kube_client, api_client, namespace, real_node, trainer_image, node_mlflow, tmp_path, monkeypatch
 ):
     core = client.CoreV1Api(api_client)
     password = "Pw-" + uuid.uuid4().hex
@@ -87,19 +88,22 @@ def test_trainer_pods_log_into_the_kfp_plugins_run_and_the_credentials_stay_secr
     placement = realnode.pod_spec_for_real_node()
     args = ["--model-dir", "/workspace/model", "--dataset-dir", "/workspace/dataset", "--output-dir", "/workspace/output",
             "--max-steps", "12", "--logging-steps", "3", "--batch-size", "8", "--time-budget-seconds", "120"]  # fmt: skip
-    outputs = {"output_model": artifact(dsl.Model, tmp_path / "model"), "metrics": artifact(dsl.Metrics, tmp_path / "metrics"),
-               "report": artifact(dsl.HTML, tmp_path / "report")}  # fmt: skip
+    artifacts = steps.StepArtifacts(
+        output_model=artifact(dsl.Model, tmp_path / "model"), metrics=artifact(dsl.Metrics, tmp_path / "metrics"),
+        report=artifact(dsl.HTML, tmp_path / "report"), trainjob_path=str(tmp_path / "trainjob"),
+    )  # fmt: skip
+    options = steps.StepOptions(backend="kubernetes", start_timeout=180, run_timeout=240, task_config=task_config)
+    backend = KubernetesBackend(kube_client, namespace=namespace)
+    monkeypatch.setattr("kfp_trainer.backends.select_backend", lambda kind="auto", **kw: backend)
     out = io.StringIO()
-    with redirect_stdout(out):
+    with redirect_stdout(out), stopping() as stop:
         outcome = steps.run_train_job(
-            inputs={"run_id": f"run-{time.time_ns()}", "task_name": "train-job", "namespace": namespace, "runtime": "torch-distributed",
-                    "image": trainer_image, "command": ["torchrun", "-m", "kfp_trainer.trainers.sft"], "args": args, "num_nodes": 2,
-                    "num_proc_per_node": "1", "node_selector": placement["nodeSelector"], "tolerations": placement["tolerations"],
-                    "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": "workspace"}}],
-                    "volume_mounts": [{"name": "workspace", "mountPath": "/workspace"}]},
-            task_config=task_config, backend="kubernetes", start_timeout=180, run_timeout=240, logs="0", delete_after_success=False,
-            workspace_path="", dataset=None, model=None, trainjob_path=str(tmp_path / "trainjob"),
-            backend_factory=lambda kind: KubernetesBackend(api_client, namespace=namespace), **outputs,
+            {"run_id": f"run-{time.time_ns()}", "task_name": "train-job", "namespace": namespace, "runtime": "torch-distributed",
+             "image": trainer_image, "command": ["torchrun", "-m", "kfp_trainer.trainers.sft"], "args": args, "num_nodes": 2,
+             "num_proc_per_node": "1", "node_selector": placement["nodeSelector"], "tolerations": placement["tolerations"],
+             "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": "workspace"}}],
+             "volume_mounts": [{"name": "workspace", "mountPath": "/workspace"}]},
+            artifacts, options, stop=stop,
         )  # fmt: skip
     log = out.getvalue()
     assert outcome.succeeded, log[-3000:]

@@ -19,6 +19,7 @@ from kfp_trainer import spec
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import InvalidSpecErrors, RejectedError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,9 +69,9 @@ def test_typed_pod_fields_pass_the_webhooks_and_reach_the_pods(kube_client, api_
     backend = KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5)
     out, result = io.StringIO(), {}
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0, start_timeout=120), out=out)
-    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
+    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(prepare(launcher.backend, inp))), daemon=True)
     thread.start()
-    name = launcher.prepare(inp).manifest["metadata"]["name"]
+    name = prepare(launcher.backend, inp).manifest["metadata"]["name"]
     pod = wait_for(lambda: next(iter(pods(api_client, namespace, name)), None), 60, what="a trainer pod")
     s = raw_pod(api_client, namespace, pod.metadata.name)["spec"]  # as stored: the Python client's models predate fileKeyRef
     assert s["schedulingGates"] == [{"name": "example.com/data-ready"}]
@@ -105,7 +106,7 @@ def test_an_init_container_the_runtime_lacks_is_refused_before_anything_is_creat
     backend = KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5)
     inp = inputs(namespace, init_containers=[{"name": "fetch-config", "env": [{"name": "A", "value": "1"}]}])
     with pytest.raises(InvalidSpecErrors, match=r"init_containers\[0\]\.name: got 'fetch-config'; expected an init container the runtime"):
-        Launcher(backend, out=io.StringIO()).run(inp)
+        Launcher(backend, out=io.StringIO()).run(prepare(backend, inp))
     lister = client.CustomObjectsApi(api_client).list_namespaced_custom_object
     assert lister(spec.GROUP, spec.VERSION, namespace, spec.PLURAL)["items"] == []
     # Why the launcher checks: the Trainer's webhook accepts such a patch (it validates the runtime with the
@@ -141,9 +142,9 @@ def test_a_multikueue_job_passes_the_webhook_and_is_followed_by_the_status_multi
     backend = KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5)
     out, result = io.StringIO(), {}
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0, start_timeout=120), out=out)
-    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
+    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(prepare(launcher.backend, inp))), daemon=True)
     thread.start()
-    name = launcher.prepare(inp).manifest["metadata"]["name"]
+    name = prepare(launcher.backend, inp).manifest["metadata"]["name"]
     stored = wait_for(lambda: get_trainjob(api_client, namespace, name), 30, what="the TrainJob")
     assert stored["spec"]["managedBy"] == spec.MULTIKUEUE
     wait_for(lambda: "its pods and logs are there" in out.getvalue(), 30, what="the launcher's note")
@@ -167,7 +168,7 @@ def test_termination_grace_period_on_a_v22_trainer_fails_with_the_version_it_nee
     with cluster.use_trainjob_crd(OLDER / "trainjobs-v2.2.0.yaml"):
         backend = KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5)
         with pytest.raises(RejectedError, match=r"terminationGracePeriodSeconds \(v2\.3\+\)"):
-            Launcher(backend, out=io.StringIO()).run(inputs(namespace, termination_grace_period_seconds=30))
+            Launcher(backend, out=io.StringIO()).run(prepare(backend, inputs(namespace, termination_grace_period_seconds=30)))
         lister = client.CustomObjectsApi(api_client).list_namespaced_custom_object
         assert lister(spec.GROUP, spec.VERSION, namespace, spec.PLURAL)["items"] == []
         # The other typed fields are in the v2.2 schema: the server accepts them (dry run).

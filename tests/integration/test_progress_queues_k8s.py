@@ -30,6 +30,7 @@ from kfp_trainer import spec
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import TimeLimitError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.progress import ProgressReporter
 from kfp_trainer.spec import TrainJobInputs
 
@@ -206,9 +207,9 @@ def test_queue_timeout_deletes_a_job_the_queue_never_admits(kube_client, api_cli
     inp = TrainJobInputs(run_id=f"run-{uuid.uuid4().hex[:8]}", task_name="train", namespace=namespace, suspend=True, queue_name=QUEUE)
     launcher = Launcher(backend, LaunchOptions(queue_timeout=3, start_timeout=3600, blocker_check_interval=1.0), out=out)
     with pytest.raises(TimeLimitError, match=f"waited in queue {QUEUE} longer than queue_timeout=3s") as info:
-        launcher.run(inp)
+        launcher.run(prepare(launcher.backend, inp))
     assert info.value.reason == "QueueTimeout"
-    name = launcher.prepare(inp).manifest["metadata"]["name"]
+    name = prepare(launcher.backend, inp).manifest["metadata"]["name"]
     assert get_trainjob(api_client, namespace, name) is None and get_jobset(api_client, namespace, name) is None
     assert f"deleting TrainJob {namespace}/{name}" in out.getvalue()
 

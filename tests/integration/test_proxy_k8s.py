@@ -15,6 +15,7 @@ from testcluster import PodScript
 
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from tests.connect_proxy import ConnectProxy
 
 pytestmark = pytest.mark.timeout(180)
@@ -49,7 +50,7 @@ def run_a_job(kubeconfig: str, namespace: str) -> str:
         out = io.StringIO()
         script = PodScript(lines=["through the proxy"])
         outcome = Launcher(backend, LaunchOptions(logs="0", delete_after_success=True), out=out).run(
-            inputs(namespace, pod_annotations=script.annotations())
+            prepare(backend, inputs(namespace, pod_annotations=script.annotations()))
         )
     assert outcome.succeeded, out.getvalue()
     return out.getvalue()

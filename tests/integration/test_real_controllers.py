@@ -20,6 +20,7 @@ from kfp_trainer import spec
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import JobFailedError, RejectedError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(180)
@@ -34,7 +35,7 @@ def launch(api, inp: TrainJobInputs, **options):
     out = io.StringIO()
     launcher = Launcher(backend, LaunchOptions(**{"blocker_check_interval": 1.0, **options}), out=out)
     try:
-        return launcher.run(inp), out.getvalue()
+        return launcher.run(prepare(launcher.backend, inp)), out.getvalue()
     except Exception as e:
         e.output = out.getvalue()  # type: ignore[attr-defined]
         raise
@@ -181,10 +182,10 @@ def test_suspension_and_resumption_conditions_reach_the_launcher(kube_client, ap
     backend = KubernetesBackend(kube_client, namespace=namespace, watch_timeout=5)
     inp = inputs(namespace, suspend=True, pod_annotations=PodScript(lines=["resumed"]).annotations())
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=1.0), out=io.StringIO())
-    manifest = launcher.prepare(inp).manifest
+    manifest = prepare(launcher.backend, inp).manifest
     name = manifest["metadata"]["name"]
     result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(inp)), daemon=True)
+    thread = threading.Thread(target=lambda: result.update(outcome=launcher.run(prepare(launcher.backend, inp))), daemon=True)
     thread.start()
     wait_for(lambda: condition(get_trainjob_or_none(api_client, namespace, name), "Suspended"), 30, what="Suspended")
     c = condition(get_trainjob(api_client, namespace, name), "Suspended")
@@ -244,7 +245,7 @@ def test_trainer_status_server_accepts_progress_from_a_trainer_pod(kube_client, 
     try:
         backend = KubernetesBackend(kube_client, namespace=namespace)
         inp = inputs(namespace, pod_annotations=PodScript(exit_delay=float("inf")).annotations())
-        manifest = Launcher(backend, out=io.StringIO()).prepare(inp).manifest
+        manifest = prepare(backend, inp).manifest
         name = backend.submit(manifest).ref.name
         p = wait_for(lambda: next(iter(pods(api_client, namespace, name, phase="Running")), None), 60, what="trainer pod running")
         env = {e.name: e.value for e in next(c for c in p.spec.containers if c.name == "node").env}

@@ -20,6 +20,7 @@ from testcluster import realnode
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import CannotStartError, JobFailedError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(180)
@@ -76,7 +77,7 @@ def launch(api, inp: TrainJobInputs, **options):
     backend = KubernetesBackend(api, namespace=inp.namespace, watch_timeout=5)
     launcher = Launcher(backend, LaunchOptions(**{"blocker_check_interval": 1.0, **options}), out=out)
     try:
-        return launcher.run(inp), out.getvalue()
+        return launcher.run(prepare(launcher.backend, inp)), out.getvalue()
     except Exception as e:
         e.output = out.getvalue()  # type: ignore[attr-defined]
         raise

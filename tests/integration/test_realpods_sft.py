@@ -20,6 +20,7 @@ from testcluster import realnode
 
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,9 +64,8 @@ def test_sft_trains_on_two_real_nodes_with_torchrun_and_writes_the_model_to_the_
     )
     out = io.StringIO()
     t1 = time.monotonic()
-    outcome = Launcher(KubernetesBackend(kube_client, namespace=namespace), LaunchOptions(start_timeout=180, run_timeout=240), out=out).run(
-        inp
-    )
+    backend = KubernetesBackend(kube_client, namespace=namespace)
+    outcome = Launcher(backend, LaunchOptions(start_timeout=180, run_timeout=240), out=out).run(prepare(backend, inp))
     trained = time.monotonic() - t1
     log = out.getvalue()
     print(f"workspace prepared in {prepared:.1f} s, TrainJob launched to Succeeded in {trained:.1f} s")

@@ -22,6 +22,7 @@ from testcluster import realnode
 
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,7 +75,7 @@ def test_trl_sft_runs_on_two_real_nodes_on_the_shipped_runtime(kube_client, api_
     )
     out = io.StringIO()
     backend = KubernetesBackend(kube_client, namespace=namespace)
-    outcome = Launcher(backend, LaunchOptions(start_timeout=180, run_timeout=300), out=out).run(inp)
+    outcome = Launcher(backend, LaunchOptions(start_timeout=180, run_timeout=300), out=out).run(prepare(backend, inp))
     log = out.getvalue()
     assert outcome.succeeded, log[-4000:]
     output = claim_folder(core, namespace)

@@ -189,18 +189,18 @@ def create_step_trainjob(api_client, namespace: str, cid: str, step, runtime: st
 
     from kfp_trainer.spec import TrainJobInputs
     from kfp_trainer.spec import render as render_trainjob
-    from kfp_trainer.steps.train_job import TrainerContext
+    from kfp_trainer.steps.step_types import TrainerContext
 
     workspace = {"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": "run-kfp-workspace"}}
     ctx = TrainerContext(
-        backend=None, runtime=SimpleNamespace(document=_runtime(api_client, runtime)),
-        inputs={"volumes": [workspace], "volume_mounts": [{"name": "kfp-workspace", "mountPath": "/kfp-workspace"}]},
         local=False, shared_root="/kfp-workspace", key=f"step-{cid}", workspace_path="/kfp-workspace",
         output_model=SimpleNamespace(path="/tmp/unused"),
     )  # fmt: skip
     name = f"step-{cid.replace('_', '-')}"
-    given = {**ctx.inputs, **step.configure(ctx), "name": name, "run_id": "run", "task_name": "finetune", "namespace": namespace}
-    manifest = render_trainjob(TrainJobInputs.parse(**given), runtime_jobs=["dataset-initializer", "model-initializer", "node"])
+    given = TrainJobInputs.parse(volumes=[workspace], volume_mounts=[{"name": "kfp-workspace", "mountPath": "/kfp-workspace"}],
+                                 name=name, run_id="run", task_name="finetune", namespace=namespace)  # fmt: skip
+    inputs = given.updated(**step.configure(ctx, SimpleNamespace(document=_runtime(api_client, runtime)), given))
+    manifest = render_trainjob(inputs, runtime_jobs=["dataset-initializer", "model-initializer", "node"])
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(
         GROUP, VERSION, namespace, "trainjobs", manifest, field_validation="Strict"
     )

@@ -29,6 +29,7 @@ from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import InvalidSpecErrors, RejectedError
 from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.llm import inputs as llm_inputs
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(240)
@@ -105,7 +106,7 @@ def _trainjobs(api, namespace: str) -> list[dict]:
 def test_the_launcher_detects_the_releases_trainer_api(kube_client, cluster, api_client, namespace):
     backend = _backend(kube_client, namespace)
     assert backend.detect_api_version() == API_OF[cluster.trainer_version]
-    job = Launcher(backend, out=io.StringIO()).prepare(_inputs(namespace, node_selector={"a": "b"}))
+    job = prepare(backend, _inputs(namespace, node_selector={"a": "b"}))
     manifest, api_version = job.manifest, job.api_version
     assert api_version == API_OF[cluster.trainer_version]
     overrides = "podTemplateOverrides" if api_version == "v2.1" else "runtimePatches"
@@ -149,7 +150,8 @@ def test_a_function_trainer_runs_on_the_release(kube_client, cluster, api_client
         pod_annotations=PodScript(lines=lines).annotations(),
     )
     out = io.StringIO()
-    outcome = Launcher(_backend(kube_client, namespace), LaunchOptions(blocker_check_interval=1.0), out=out).run(inp)
+    backend = _backend(kube_client, namespace)
+    outcome = Launcher(backend, LaunchOptions(blocker_check_interval=1.0), out=out).run(prepare(backend, inp))
     assert outcome.succeeded and outcome.metrics.final()["loss"] == 0.25
     node = next(c for c in pods(api_client, namespace, outcome.ref.name)[0].spec.containers if c.name == "node")
     assert node.command == trainer["command"] and node.resources.limits == {"cpu": "2"}
@@ -182,7 +184,8 @@ def test_the_launcher_refuses_env_on_the_node_container_as_the_releases_webhook_
     assert "must not have envs for the dataset-initializer, model-initializer, node containers" in info.value.body
     # The launcher's prediction: a clear error naming the field, nothing sent.
     with pytest.raises(InvalidSpecErrors, match="no env (patch|override) on the node or initializer containers"):
-        Launcher(_backend(kube_client, namespace), out=io.StringIO()).run(inp)
+        backend = _backend(kube_client, namespace)
+        Launcher(backend, out=io.StringIO()).run(prepare(backend, inp))
     assert _trainjobs(api_client, namespace) == []
 
 
@@ -191,7 +194,8 @@ def test_forcing_the_other_api_says_which_one_the_release_serves(kube_client, cl
     other = "v2.2" if served == "v2.1" else "v2.1"
     inp = _inputs(namespace, node_selector={"a": "b"})
     with pytest.raises(RejectedError, match=f"use api_version auto or {served}"):
-        Launcher(_backend(kube_client, namespace, api_version=other), out=io.StringIO()).run(inp)
+        backend = _backend(kube_client, namespace, api_version=other)
+        Launcher(backend, out=io.StringIO()).run(prepare(backend, inp))
     assert _trainjobs(api_client, namespace) == []
 
 
@@ -215,7 +219,8 @@ def test_torchtune_initializers_run_before_the_trainer_on_the_release(kube_clien
         pod_annotations=PodScript(lines=["downloaded"]).annotations(),
     )
     out = io.StringIO()
-    outcome = Launcher(_backend(kube_client, namespace), LaunchOptions(blocker_check_interval=1.0), out=out).run(inp)
+    backend = _backend(kube_client, namespace)
+    outcome = Launcher(backend, LaunchOptions(blocker_check_interval=1.0), out=out).run(prepare(backend, inp))
     assert outcome.succeeded and "downloaded" in out.getvalue().splitlines()
     name = outcome.ref.name
     jobs = {j.metadata.name: j for j in client.BatchV1Api(api_client).list_namespaced_job(namespace).items}
@@ -231,6 +236,7 @@ def test_a_torchtune_rule_of_the_releases_webhook_is_a_clear_user_error(kube_cli
     node are set (v2.1.0 checks torchtune jobs only then: it has no defaulting webhook)."""
     inp = _inputs(namespace, runtime="torchtune-llama3.2-1b", command=["tune", "run"], num_nodes=2, num_proc_per_node=1)
     with pytest.raises(RejectedError) as info:
-        Launcher(_backend(kube_client, namespace), out=io.StringIO()).run(inp)
+        backend = _backend(kube_client, namespace)
+        Launcher(backend, out=io.StringIO()).run(prepare(backend, inp))
     assert "spec.trainer.numNodes" in str(info.value) and "must be 1 for llama3_2/1B model" in str(info.value)
     assert _trainjobs(api_client, namespace) == []

@@ -19,6 +19,7 @@ from kfp_trainer.backends.procs import ProcessId, pid_alive
 from kfp_trainer.errors import JobFailedError
 from kfp_trainer.jobstatus import JobRef
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 pytestmark = pytest.mark.timeout(120)
@@ -72,7 +73,8 @@ def test_a_rerun_after_the_launcher_was_killed_replaces_the_orphaned_job(tmp_pat
 
     out = io.StringIO()
     started = time.monotonic()
-    outcome = Launcher(LocalBackend(root), LaunchOptions(), out=out).run(job_inputs(marker))
+    backend = LocalBackend(root)
+    outcome = Launcher(backend, LaunchOptions(), out=out).run(prepare(backend, job_inputs(marker)))
 
     assert outcome.succeeded and outcome.replaced and time.monotonic() - started < 30
     assert f"a launcher that is gone (pid {first.pid})" in out.getvalue()
@@ -86,7 +88,7 @@ def test_a_recorded_pid_now_held_by_another_process_is_neither_trusted_nor_kille
     try:
         backend = LocalBackend(root)
         launcher = Launcher(backend, LaunchOptions(), out=io.StringIO())
-        manifest = launcher.prepare(job_inputs(marker)).manifest
+        manifest = prepare(launcher.backend, job_inputs(marker)).manifest
         # An unfinished job whose supervisor and node pids now belong to other processes (pid reuse).
         directory = backend.job_dir(JobRef("local", manifest["metadata"]["name"]))
         (directory / "logs").mkdir(parents=True)
@@ -102,7 +104,7 @@ def test_a_recorded_pid_now_held_by_another_process_is_neither_trusted_nor_kille
         }
         (directory / "trainjob.json").write_text(json.dumps(state))
 
-        outcome = launcher.run(job_inputs(marker))
+        outcome = launcher.run(prepare(launcher.backend, job_inputs(marker)))
 
         assert outcome.replaced and outcome.succeeded
         assert pid_alive(bystander.pid)  # not the job's process any more: left alone
@@ -119,7 +121,8 @@ def test_an_adopted_job_whose_launcher_dies_fails_instead_of_hanging(tmp_path):
 
     def adopt():
         try:
-            Launcher(LocalBackend(root), LaunchOptions(), out=io.StringIO()).run(job_inputs(marker))
+            backend = LocalBackend(root)
+            Launcher(backend, LaunchOptions(), out=io.StringIO()).run(prepare(backend, job_inputs(marker)))
         except JobFailedError as e:
             result["error"] = e
 

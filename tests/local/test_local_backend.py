@@ -19,6 +19,7 @@ import pytest
 from kfp_trainer.backends.local import LocalBackend, descendants
 from kfp_trainer.errors import InvalidSpecErrors, JobFailedError, RuntimeNotFoundError, ValidationError
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 
 ALLREDUCE = textwrap.dedent(
@@ -43,7 +44,7 @@ def run(tmp_path: Path, **inputs):
     backend = LocalBackend(tmp_path / "jobs")
     out = io.StringIO()
     launcher = Launcher(backend, LaunchOptions(logs=inputs.pop("logs", "0")), out=out)
-    outcome = launcher.run(TrainJobInputs(run_id=inputs.pop("run_id", "run-1"), task_name="train", **inputs))
+    outcome = launcher.run(prepare(launcher.backend, TrainJobInputs(run_id=inputs.pop("run_id", "run-1"), task_name="train", **inputs)))
     return outcome, out.getvalue(), backend
 
 
@@ -183,11 +184,11 @@ def test_runtimes_from_yaml_mirror_a_cluster(tmp_path):
     )
     backend = LocalBackend(tmp_path / "jobs", runtimes_dir=runtimes)
     out = io.StringIO()
-    outcome = Launcher(backend, out=out).run(TrainJobInputs(run_id="r", task_name="t", runtime="plain-batch"))
+    outcome = Launcher(backend, out=out).run(prepare(backend, TrainJobInputs(run_id="r", task_name="t", runtime="plain-batch")))
     # A plain (non-torch) runtime runs its own command as it is, without the torch env.
     assert outcome.succeeded and "PET None" in out.getvalue()
     with pytest.raises(RuntimeNotFoundError, match="plain-batch"):
-        Launcher(backend, out=io.StringIO()).run(TrainJobInputs(run_id="r", task_name="t", runtime="nope"))
+        Launcher(backend, out=io.StringIO()).run(prepare(backend, TrainJobInputs(run_id="r", task_name="t", runtime="nope")))
 
 
 def test_one_backend_follows_two_jobs_each_through_its_own_handle(tmp_path):
@@ -216,6 +217,32 @@ def test_one_backend_follows_two_jobs_each_through_its_own_handle(tmp_path):
     assert not backend.job_dir(handles[0].ref).exists() and backend.job_dir(handles[1].ref).exists()
 
 
+def test_two_namespaces_with_a_job_of_the_same_name_do_not_collide(tmp_path):
+    """Deleting team-a/train stops team-a's nodes only; team-b/train runs on, woken by its own supervisor, to its end."""
+    from kfp_trainer.jobstatus import Phase
+
+    backend = LocalBackend(tmp_path / "jobs")
+    script = tmp_path / "wait.py"
+    script.write_text("import pathlib, sys, time\nwhile not pathlib.Path(sys.argv[1]).exists():\n    time.sleep(0.05)\nprint('done')\n")
+    go = tmp_path / "go"
+    handles = {}
+    for namespace in ("team-a", "team-b"):
+        command = ["python", str(script), str(go)]
+        job = prepare(backend, TrainJobInputs(run_id="run-1", task_name="train", name="train", namespace=namespace, command=command))
+        handles[namespace] = backend.submit(job.manifest, runtime=job.runtime).job
+    a, b = handles["team-a"], handles["team-b"]
+    assert (a.ref.name, b.ref.name) == ("train", "train") and a.dir != b.dir and a.changed is not b.changed
+    assert set(backend.jobs) == {("team-a", "train"), ("team-b", "train")}
+    backend.delete(a.ref)  # by ref, as garbage collection and a replaced job do
+    assert not a.dir.exists() and ("team-b", "train") in backend.jobs
+    go.write_text("")
+    statuses = [s for s in b.watch() if s is not None]
+    assert statuses[-1].phase is Phase.SUCCEEDED, statuses
+    lines: list[str] = []
+    b.follow_logs(nodes="0", sink=lambda line: lines.append(line.text), stop=threading.Event())
+    assert lines == ["done"]
+
+
 def test_a_job_whose_record_is_removed_is_deleted_the_step_fails_and_its_nodes_go(tmp_path):
     """Someone removes the local job's trainjob.json while the step follows it, as a TrainJob deleted by
     someone else: the step fails (DeletedWhileRunning, exit 1) with each line once, the supervisor stops
@@ -232,7 +259,7 @@ def test_a_job_whose_record_is_removed_is_deleted_the_step_fails_and_its_nodes_g
 
     def follow() -> None:
         try:
-            Launcher(backend, LaunchOptions(logs="0"), out=out).run(inputs)
+            Launcher(backend, LaunchOptions(logs="0"), out=out).run(prepare(backend, inputs))
         except JobFailedError as e:
             result["error"] = e
 

@@ -24,11 +24,12 @@ import pytest
 from kfp import dsl, local
 
 from kfp_trainer import steps
+from kfp_trainer.cancel import stopping
 from kfp_trainer.components import train_job
 from kfp_trainer.errors import CancelledError, JobFailedError
 from kfp_trainer.jobstatus import JobStatus, Phase
 from kfp_trainer.trainers import digits
-from tests.fakes import FakeBackend, fresh_stop_signals  # noqa: F401  (a fixture)
+from tests.fakes import FakeBackend
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,20 +71,23 @@ def experiment(monkeypatch, mlflow_server) -> str:
 
 
 def run_step(tmp: Path, backend: Any, *, run_id: str = "run-1", task_config: Any = None, **inputs: Any) -> tuple[Any, str]:
-    """``run_train_job`` in this process on ``backend``; (outcome or the error raised, the step's log)."""
+    """``run_train_job`` on ``backend`` with a stop token, as the component runs it; (outcome or the error raised, the log)."""
     out = io.StringIO()
     tmp.mkdir(parents=True, exist_ok=True)
-    arts = {"output_model": artifact(dsl.Model, tmp / "model"), "metrics": artifact(dsl.Metrics, tmp / "metrics"),
-            "report": artifact(dsl.HTML, tmp / "report")}  # fmt: skip
+    artifacts = steps.StepArtifacts(
+        output_model=artifact(dsl.Model, tmp / "model"), metrics=artifact(dsl.Metrics, tmp / "metrics"),
+        report=artifact(dsl.HTML, tmp / "report"), trainjob_path=str(tmp / "trainjob"),
+    )  # fmt: skip
+    options = steps.StepOptions(backend="kubernetes", start_timeout=0, run_timeout=0, task_config=task_config)
     result: Any
-    with redirect_stdout(out):
+    with redirect_stdout(out), pytest.MonkeyPatch.context() as patch:
+        patch.setattr("kfp_trainer.backends.select_backend", lambda kind="auto", **kw: backend)
         try:
-            result = steps.run_train_job(
-                inputs={"run_id": run_id, "task_name": "train", "pipeline_name": "p", "namespace": "ns", **inputs},
-                task_config=task_config, backend="kubernetes", start_timeout=0, run_timeout=0, logs="0", delete_after_success=False,
-                workspace_path="", dataset=None, model=None, trainjob_path=str(tmp / "trainjob"),
-                backend_factory=lambda kind: backend, **arts,
-            )  # fmt: skip
+            with stopping() as stop:
+                result = steps.run_train_job(
+                    {"run_id": run_id, "task_name": "train", "pipeline_name": "p", "namespace": "ns", **inputs}, artifacts, options,
+                    stop=stop,
+                )  # fmt: skip
         except Exception as e:  # noqa: BLE001 - the test looks at it
             result = e
     return result, out.getvalue()

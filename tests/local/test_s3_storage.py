@@ -8,6 +8,7 @@ import pytest
 
 from kfp_trainer.backends.local import LocalBackend
 from kfp_trainer.launcher import Launcher
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 from kfp_trainer.storage import StorageError, fetch
 
@@ -53,14 +54,10 @@ def test_local_trainjob_initializer_reads_s3(s3, tmp_path, monkeypatch):
     script = tmp_path / "count.py"
     script.write_text("import sys\nprint('records', sum(1 for _ in open(sys.argv[1])), flush=True)\n")
     out = io.StringIO()
-    outcome = Launcher(LocalBackend(tmp_path / "jobs"), out=out).run(
-        TrainJobInputs(
-            run_id="r",
-            task_name="t",
-            dataset_uri="s3://datasets/addition",
-            command=["python", str(script), "/workspace/dataset/train.jsonl"],
-        )
-    )
+    backend = LocalBackend(tmp_path / "jobs")
+    inputs = TrainJobInputs(run_id="r", task_name="t", dataset_uri="s3://datasets/addition",
+                            command=["python", str(script), "/workspace/dataset/train.jsonl"])  # fmt: skip
+    outcome = Launcher(backend, out=out).run(prepare(backend, inputs))
     assert outcome.succeeded and "records 1" in out.getvalue()
     assert SECRET not in out.getvalue()
 

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 import torchtune  # noqa: F401  (the [llm] extra, installed by make setup)
 import yaml
 
+from kfp_trainer.backends.procs import free_port
 from kfp_trainer.llm import checkpoints, inputs, local_tune, render, tiny_models  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -35,12 +35,6 @@ QWEN, LLAMA1B, LLAMA3B = "qwen2_5_1.5B.yaml", "llama3_2_1B.yaml", "llama3_2_3B.y
 
 def runtime(file: str) -> dict:
     return yaml.safe_load((RUNTIMES / file).read_text())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _built: dict[tuple, Path] = {}

@@ -30,6 +30,7 @@ from hostile_cases import AWS_ID, AWS_KEY, CANARIES, CASES, CLI_CASES, COMPONENT
 from kfp_trainer.backends.base import RuntimeInfo  # noqa: E402
 from kfp_trainer.errors import KfpTrainerError  # noqa: E402
 from kfp_trainer.jobstatus import JobStatus, Phase  # noqa: E402
+from kfp_trainer.prepare import prepare
 from tests.fakes import FakeBackend  # noqa: E402
 
 ENTRY_POINTS = ("render", "launcher", "component", "cli")
@@ -98,7 +99,7 @@ def run_launcher(case: Case, tmp: Path) -> Result:
     out = io.StringIO()
     try:
         inputs = TrainJobInputs.parse(**{**_base(), **case.inputs})
-        Launcher(backend, LaunchOptions(logs="none"), out=out).run(inputs)
+        Launcher(backend, LaunchOptions(logs="none"), out=out).run(prepare(backend, inputs))
     except KfpTrainerError as e:
         message, fields = _errors(e)
         return Result("launcher", True, e.exit_code, message, fields, out.getvalue(), _last(backend), backend.writes)

@@ -23,7 +23,6 @@ from hostile_cases import HF
 
 from kfp_trainer import cli
 from kfp_trainer.errors import EXIT_USER
-from tests.fakes import fresh_stop_signals  # noqa: F401  (a fixture: launch installs stop-signal handlers)
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = ("render", "launch", "run", "gc", "compile")

@@ -28,7 +28,6 @@ from hostile_cases import BASE, CANARIES, CASES, CLI_CASES, HF, Case
 
 from kfp_trainer import cli
 from kfp_trainer.errors import EXIT_INFRA, EXIT_USER
-from tests.fakes import fresh_stop_signals  # noqa: F401  (a fixture: launch installs stop-signal handlers)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,6 @@ import pytest
 
 from kfp_trainer import cli
 from kfp_trainer.errors import EXIT_INFRA, EXIT_USER
-from tests.fakes import fresh_stop_signals  # noqa: F401  (a fixture: launch installs stop-signal handlers)
 
 FLAG = re.compile(r"(?<![\w/-])--[a-z][a-z0-9-]*")
 COMMANDS = {

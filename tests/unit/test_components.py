@@ -340,7 +340,9 @@ def test_train_job_reports_every_invalid_input_before_submitting(tmp_path, monke
 def test_empty_output_model_is_an_error_when_the_trainer_was_told_to_write_one(tmp_path, monkeypatch):
     fake = FakeCluster()
     ref = JobRef("team-a", "j")
-    fake.submit = lambda manifest, runtime=None: (fake.manifests.append(manifest), Submission(ref, False, job=FakeJob(fake, ref)))[1]  # type: ignore[method-assign]
+    fake.submit = lambda manifest, runtime=None, stop=None: (  # type: ignore[method-assign]
+        fake.manifests.append(manifest), Submission(FakeJob(fake, ref), False)
+    )[1]
     monkeypatch.setattr("kfp_trainer.backends.select_backend", lambda kind="auto", **kw: fake)
     ws = tmp_path / "ws"
     with pytest.raises(SystemExit):
@@ -352,14 +354,13 @@ def test_empty_output_model_is_an_error_when_the_trainer_was_told_to_write_one(t
         )
     with pytest.raises(UserError, match="wrote nothing"):
         steps.run_train_job(
-            inputs={"args": ["--out", "{output_model}"], "run_id": "r", "task_name": "t",
-                    "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "d"}}],
-                    "volume_mounts": [{"name": "d", "mountPath": str(ws)}]},
-            task_config=None, backend="kubernetes", start_timeout=0, run_timeout=0, logs="0", delete_after_success=False,
-            workspace_path="", dataset=None, model=None, output_model=artifact(dsl.Model, tmp_path / "o2"),
-            metrics=artifact(dsl.Metrics, tmp_path / "m2"), report=artifact(dsl.HTML, tmp_path / "r2"),
-            trainjob_path=str(tmp_path / "t2"), backend_factory=lambda kind: fake,
-        )
+            {"args": ["--out", "{output_model}"], "run_id": "r", "task_name": "t",
+             "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "d"}}],
+             "volume_mounts": [{"name": "d", "mountPath": str(ws)}]},
+            steps.StepArtifacts(output_model=artifact(dsl.Model, tmp_path / "o2"), metrics=artifact(dsl.Metrics, tmp_path / "m2"),
+                                report=artifact(dsl.HTML, tmp_path / "r2"), trainjob_path=str(tmp_path / "t2")),
+            steps.StepOptions(backend="kubernetes", start_timeout=0),
+        )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- trainjob_component

@@ -23,7 +23,6 @@ from kfp_trainer.components import train_job
 from kfp_trainer.errors import EXIT_JOB_FAILED, InvalidSpecErrors
 from kfp_trainer.local_failure import failure_block
 from kfp_trainer.redaction import redact_text
-from tests.fakes import fresh_stop_signals  # noqa: F401 -- the fixture, for the step's signal handlers
 
 REPO = Path(__file__).resolve().parents[2]
 HF = "hf_" + "abcdefghijklmnopqrstuvwxyz0123456789"

@@ -15,7 +15,7 @@ def test_pods_made_just_after_the_last_one_went_are_waited_for(monkeypatch):
     orphan = {"metadata": {"name": "train-x-node-0-0-new", "uid": "u2"}}
     calls: list[str] = []
 
-    def wait_gone(api, path, selectors, *, timeout, keep, cancellable=False):
+    def wait_gone(api, path, selectors, *, timeout, keep, stop=None):
         kind = path.rsplit("/", 1)[-1]
         calls.append(kind)
         if kind == "pods" and calls.count("pods") == 2:
@@ -32,7 +32,7 @@ def test_pods_made_just_after_the_last_one_went_are_waited_for(monkeypatch):
 
 def test_no_second_look_once_the_bound_has_passed(monkeypatch):
     calls: list[str] = []
-    monkeypatch.setattr(lifecycle, "wait_gone", lambda api, path, selectors, *, timeout, keep, cancellable=False: calls.append(path) or [])
+    monkeypatch.setattr(lifecycle, "wait_gone", lambda api, path, selectors, *, timeout, keep, stop=None: calls.append(path) or [])
     life = lifecycle.Lifecycle(Client(Credentials("http://127.0.0.1:9")))
     assert life._wait_tree(JobRef("ns", "train-x", "u1"), time.monotonic() - 1, tree=True) == []
     assert len(calls) == 4

@@ -15,11 +15,13 @@ import pytest
 
 from kfp_trainer.backends.base import LogLine, trainjob_status
 from kfp_trainer.backends.deletion import DELETED_WHILE_RUNNING, deleted_status, made_before, propagation
+from kfp_trainer.cancel import stopping
 from kfp_trainer.errors import EXIT_JOB_FAILED, CancelledError, JobFailedError
 from kfp_trainer.jobstatus import JobStatus, Phase
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
-from tests.fakes import FakeBackend, FakeClock, FakeJob, fresh_stop_signals  # noqa: F401  (a fixture)
+from tests.fakes import FakeBackend, FakeClock, FakeJob
 from tests.unit.test_log_follower import Body, LogServer, Pods, follower, pod, stamped, wait_lines
 
 SINCE = "2026-05-01T10:00:05Z"
@@ -133,7 +135,7 @@ def run_to_error(backend: FakeBackend, **options) -> tuple[JobFailedError, str]:
     out = io.StringIO()
     launcher = Launcher(backend, LaunchOptions(blocker_check_interval=0, **options), out=out, clock=backend.clock)
     with pytest.raises(JobFailedError) as info:
-        launcher.run(INPUTS)
+        launcher.run(prepare(launcher.backend, INPUTS))
     return info.value, out.getvalue()
 
 
@@ -176,7 +178,8 @@ def test_a_stop_signal_after_the_deletion_was_seen_does_not_delete_the_job():
 
     backend = Backend([JobStatus(Phase.RUNNING), deleted()], FakeClock(), idle=True)
     out = io.StringIO()
-    with pytest.raises(CancelledError):
-        Launcher(backend, LaunchOptions(blocker_check_interval=0, log_drain_timeout=5), out=out, clock=backend.clock).run(INPUTS)
+    with pytest.raises(CancelledError), stopping() as stop:
+        launcher = Launcher(backend, LaunchOptions(blocker_check_interval=0, log_drain_timeout=5), out=out, clock=backend.clock, stop=stop)
+        launcher.run(prepare(backend, INPUTS, stop=stop))
     assert backend.deleted == []
     assert "is being deleted by someone else; left to them" in out.getvalue()

@@ -89,7 +89,7 @@ def test_no_parameters_is_called_without_arguments_as_the_sdk_does(constants):
     args = function_job_arguments({"runtime": "torch-distributed"}, fixed)
     trainer = FunctionTrainer(**{k: args[k] for k in ("source", "function", "func_file", "arguments", "specials", "order")})
     assert trainer.func_args({}) is None
-    command = trainer.finalize(SimpleNamespace(runtime=SimpleNamespace(document=runtime_doc()), local=False), {})["command"]
+    command = trainer.finalize(SimpleNamespace(local=False), SimpleNamespace(document=runtime_doc()), {})["command"]
     assert "\nhello()\n" in command[-1] and "**{}" not in command[-1]
 
 
@@ -195,19 +195,60 @@ def test_flat_resources_go_to_the_trainer_and_are_mapped_as_the_sdk_maps_them():
     assert args["inputs"]["resources_per_node"] is None and args["resources_per_node"] == {"cpu": 4, "memory": "8Gi", "gpu": 1}
     keys = ("source", "function", "func_file", "arguments", "specials", "order", "resources_per_node")
     trainer = FunctionTrainer(**{k: args[k] for k in keys})
-    ctx = SimpleNamespace(runtime=SimpleNamespace(document=runtime_doc()), local=False)
-    trainer.configure(ctx)
+    ctx, runtime = SimpleNamespace(local=False), SimpleNamespace(document=runtime_doc())
+    trainer.configure(ctx, runtime, None)
     expected = {"cpu": 4, "memory": "8Gi", "nvidia.com/gpu": 1}
-    assert trainer.finalize(ctx, {})["resources_per_node"] == {"requests": expected, "limits": expected}
+    assert trainer.finalize(ctx, runtime, {})["resources_per_node"] == {"requests": expected, "limits": expected}
     kube = {**fixed, "resources_per_node": {"limits": {"cpu": 2}}}
     args = function_job_arguments({"runtime": "torch-distributed"}, kube)
     assert args["inputs"]["resources_per_node"] == {"limits": {"cpu": 2}} and args["resources_per_node"] is None
 
 
 def test_bad_flat_resources_are_refused_before_anything_is_created():
-    ctx = SimpleNamespace(runtime=SimpleNamespace(document=runtime_doc()), local=False)
+    ctx, runtime = SimpleNamespace(local=False), SimpleNamespace(document=runtime_doc())
     for resources, message in (({"gpu": 1, "mig-1g.5gb": 1}, "either nvidia.com/gpu or a MIG slice"), ({"cpu": "lots"}, "not a quantity")):
         trainer = FunctionTrainer(source="def f(): pass", function="f", func_file="f.py", arguments={}, specials=[],
                                   resources_per_node=resources)  # fmt: skip
         with pytest.raises(InvalidSpecErrors, match=message):
-            trainer.configure(ctx)
+            trainer.configure(ctx, runtime, None)
+
+
+def test_a_parameter_named_like_an_input_artifact_is_the_functions_own_value():
+    """Without dataset_dir / model_dir the component has no dataset / model artifact: those names may be the function's."""
+    fixed = {"source": "def f(dataset: str = 'a', model: str = 'b'): pass", "function": "f", "func_file": "f.py",
+             "parameters": ["dataset", "model"], "defaults": {"dataset": "a", "model": "b"},
+             "types": {"dataset": "str", "model": "str"}}  # fmt: skip
+    args = function_job_arguments({"dataset": "mnist", "model": "resnet", "runtime": "torch-distributed"}, fixed)
+    assert args["arguments"] == {"dataset": "mnist", "model": "resnet"}
+    assert args["artifacts"].dataset is None and args["artifacts"].model is None
+    taking = {**fixed, "source": "def f(dataset_dir: str): pass", "parameters": ["dataset_dir"], "defaults": {}, "types": {}}
+    artifact = SimpleNamespace(path="/in", uri="u", metadata={})
+    assert function_job_arguments({"dataset": artifact, "runtime": "r"}, taking)["artifacts"].dataset is artifact
+
+
+def test_the_step_sends_no_trainer_args_when_none_were_given_as_the_sdk_does(tmp_path, monkeypatch):
+    """Nothing sets args for a function: the TrainJob has no spec.trainer.args, as the SDK's CustomTrainer job has none."""
+    from kfp_trainer.jobstatus import JobStatus, Phase
+    from kfp_trainer.steps import StepArtifacts, StepOptions
+    from tests.fakes import FakeBackend
+
+    fake = FakeBackend([JobStatus(Phase.SUCCEEDED)], hold_logs=False)
+    monkeypatch.setattr("kfp_trainer.backends.select_backend", lambda kind="auto", **kw: fake)
+    fixed = {"source": "def hello():\n    print('hi')\n", "function": "hello", "func_file": "hello.py", "parameters": []}
+    args = function_job_arguments({"runtime": "torch-distributed", "run_id": "r1", "task_name": "hello"}, fixed)
+    out = tmp_path / "model"
+    args["artifacts"] = StepArtifacts(
+        output_model=SimpleNamespace(path=str(out), uri=str(out), metadata={}), metrics=SimpleNamespace(log_metric=lambda *a: None),
+        report=SimpleNamespace(path=str(tmp_path / "report.html")), trainjob_path=str(tmp_path / "trainjob"),
+    )  # fmt: skip
+    args["options"] = StepOptions(backend="kubernetes", start_timeout=0)
+    monkeypatch.setattr(FakeBackend, "runtime_info", lambda self, inputs: _torch_runtime(inputs))
+    steps_function.run_function_job(**args)
+    trainer = fake.submitted[0]["spec"]["trainer"]
+    assert "args" not in trainer and trainer["command"][:2] == ["bash", "-c"]
+
+
+def _torch_runtime(inputs):
+    from kfp_trainer.backends.base import RuntimeInfo
+
+    return RuntimeInfo.from_runtime(runtime_doc(), name=inputs.runtime, kind=inputs.runtime_kind, api_version="v2.2", num_nodes=None)

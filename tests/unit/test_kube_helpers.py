@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kfp_trainer.backends.base import RuntimeInfo, Submission, trainjob_status
+from kfp_trainer.backends.base import RuntimeInfo, trainjob_status
 from kfp_trainer.backends.kube.api import Conflict, Gone, NotFound, RetryPolicy, call
 from kfp_trainer.backends.kube.apierrors import APIError, TransportError
 from kfp_trainer.backends.kube.apierrors import api_error as answer
@@ -14,7 +14,7 @@ from kfp_trainer.backends.kube.job import KubeJob
 from kfp_trainer.backends.kube.logs import _Cursor
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import ForbiddenError, InfraError, KfpTrainerError, RejectedError
-from kfp_trainer.jobstatus import JobRef, Phase
+from kfp_trainer.jobstatus import Phase
 from kfp_trainer.timestamps import parse_timestamp
 
 
@@ -141,19 +141,22 @@ def test_trainjob_status_classification():
 
 def test_each_submitted_job_keeps_the_runtime_it_was_rendered_for_in_its_own_handle(monkeypatch):
     backend = KubernetesBackend(Client(Credentials("http://127.0.0.1:9")), namespace="ns")
-    created = {"metadata": {"name": "a", "namespace": "ns", "uid": "u", "resourceVersion": "7", "creationTimestamp": "t0"}}
+    made: dict = {}
 
-    def submit(manifest, namespace):
-        backend.lifecycle.seen[(namespace, manifest["metadata"]["name"])] = created  # as the create request leaves it
-        return Submission(JobRef(namespace, manifest["metadata"]["name"], "u"), adopted=False)
+    def create(namespace, manifest, *, stop):  # as the create request answers
+        name = manifest["metadata"]["name"]
+        meta = {"name": name, "namespace": namespace, "uid": f"u-{name}", "resourceVersion": "7", "creationTimestamp": "t0"}
+        made[name] = {"metadata": meta}
+        return made[name]
 
-    monkeypatch.setattr(backend.lifecycle, "submit", submit)
+    monkeypatch.setattr(backend.lifecycle, "create", create)
+    state = dict(vars(backend)), dict(vars(backend.lifecycle))
     mpi = RuntimeInfo(name="mpi", kind="ClusterTrainingRuntime", api_version="v2.2", replicated_jobs=(("launcher", 1), ("node", 2)))
     torch = RuntimeInfo(name="torch", kind="ClusterTrainingRuntime", api_version="v2.2", replicated_jobs=(("node", 4),))
     first = backend.submit({"metadata": {"name": "a"}}, runtime=mpi).job
     second = backend.submit({"metadata": {"name": "b"}}, runtime=torch).job
     assert isinstance(first, KubeJob) and isinstance(second, KubeJob)
     assert (first.runtime, first.trainer_job) == (mpi, "launcher") and (second.runtime, second.trainer_job) == (torch, "node")
-    assert first.known is created and first.created == "t0"  # the watch starts from the job as created
-    assert backend.lifecycle.seen == {}  # the backend keeps nothing per job
-    assert not hasattr(backend, "runtime")
+    assert first.known is made["a"] and first.created == "t0" and first.ref.uid == "u-a"  # the watch starts from the job as created
+    assert (dict(vars(backend)), dict(vars(backend.lifecycle))) == state  # the backend keeps nothing per job
+    assert not any(value is backend for value in vars(first).values())  # and the handle reads nothing of it

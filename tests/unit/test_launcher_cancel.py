@@ -11,11 +11,13 @@ import time
 import pytest
 
 from kfp_trainer import cancel
+from kfp_trainer.cancel import Stop, stopping
 from kfp_trainer.errors import EXIT_CANCELLED, CancelledError
 from kfp_trainer.jobstatus import JobStatus, Phase
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
-from tests.fakes import FakeBackend, fresh_stop_signals  # noqa: F401  (a fixture)
+from tests.fakes import FakeBackend
 
 INPUTS = TrainJobInputs(run_id="run-1", task_name="train", namespace="ns")
 LEFT = "after deleting TrainJob ns/x, still present after 30s: Pod x-node-0-0-abcde (terminating)"
@@ -29,11 +31,17 @@ def backend(script=(), **hooks) -> FakeBackend:
     return FakeBackend(script, idle=True, left=LEFT, hooks=hooks)
 
 
+def launch(backend, inputs=INPUTS, options=None, **kwargs):
+    """What an entry point does: a stop token first, handed to prepare and the launcher."""
+    with stopping() as stop:
+        job = prepare(backend, inputs, stop=stop)
+        return Launcher(backend, options or LaunchOptions(), stop=stop, **kwargs).run(job)
+
+
 def run(backend, **options):
     out = io.StringIO()
-    launcher = Launcher(backend, LaunchOptions(**{"blocker_check_interval": 0, "logs": "none", **options}), out=out)
     with pytest.raises(CancelledError) as info:
-        launcher.run(INPUTS)
+        launch(backend, options=LaunchOptions(**{"blocker_check_interval": 0, "logs": "none", **options}), out=out)
     assert info.value.exit_code == EXIT_CANCELLED == 130
     assert str(info.value) == "received SIGTERM: the run was cancelled"
     return out.getvalue()
@@ -56,9 +64,8 @@ def test_a_signal_during_the_create_waits_for_it_then_deletes_what_it_made():
 def test_a_signal_while_announcing_deletes_the_job():
     fake = FakeBackend([JobStatus(Phase.PENDING)], idle=True, notes=("replaced stale TrainJob ns/old",))
     out = io.StringIO()
-    launcher = Launcher(fake, LaunchOptions(logs="none"), out=out, on_submitted=lambda ref: sigterm())
     with pytest.raises(CancelledError):
-        launcher.run(INPUTS)
+        launch(fake, options=LaunchOptions(logs="none"), out=out, on_submitted=lambda ref: sigterm())
     assert len(fake.deleted) == 1 and not fake.exists
     assert "replaced stale TrainJob ns/old" in out.getvalue()
 
@@ -123,47 +130,78 @@ def test_a_signal_while_the_launcher_starts_its_log_thread_deletes_the_job(monke
     assert len(fake.deleted) == 1 and not fake.exists, out
 
 
-def test_handling_restores_the_handlers_and_forgets_the_signal():
+def test_stopping_restores_the_handlers_and_each_block_has_its_own_token():
     before = signal.getsignal(signal.SIGTERM)
-    with cancel.handling():
+    with pytest.raises(CancelledError), stopping() as stop:
         sigterm()
-        assert cancel.requested() == signal.SIGTERM
-        with pytest.raises(CancelledError):
-            cancel.check()
-    assert signal.getsignal(signal.SIGTERM) == before and cancel.requested() is None
-    with cancel.handling():
-        cancel.check()  # a new run starts with nothing on record
+        assert stop.requested == signal.SIGTERM
+        stop.check()
+    assert signal.getsignal(signal.SIGTERM) == before and stop.requested == signal.SIGTERM
+    with stopping() as fresh:
+        fresh.check()  # a new run starts with nothing requested
+    assert fresh is not stop and fresh.requested is None
+
+
+def test_a_block_inside_another_shares_its_token():
+    with pytest.raises(CancelledError), stopping() as outer:
+        with stopping() as inner:
+            assert inner is outer
+            sigterm()
+        assert outer.requested == signal.SIGTERM  # the inner block left it to the outer one
 
 
 def test_a_cancellable_sleep_ends_at_the_signal():
-    with cancel.handling():
+    with pytest.raises(CancelledError), stopping() as stop:
         threading.Timer(0.1, sigterm).start()
         began = time.monotonic()
-        with pytest.raises(CancelledError):
-            cancel.sleep(10)
-        assert time.monotonic() - began < 1
+        try:
+            stop.sleep(10)
+        finally:
+            assert time.monotonic() - began < 1
 
 
-def test_an_entry_point_that_got_a_signal_while_finishing_ends_cancelled():
-    @cancel.entry_point
+def test_a_step_that_got_a_signal_while_finishing_ends_cancelled():
     def step():
-        sigterm()
-        return "done"
+        with stopping():
+            sigterm()
+            return "done"
 
-    try:
-        with pytest.raises(CancelledError):
-            step()
-    finally:
-        cancel.uninstall()
+    with pytest.raises(CancelledError):
+        step()
 
 
 def test_outside_the_main_thread_signals_are_left_alone():
     seen = []
     before = signal.getsignal(signal.SIGTERM)
-    thread = threading.Thread(target=lambda: seen.append((cancel.install(), cancel.installed())))
+
+    def elsewhere():
+        with stopping() as stop:
+            seen.append((signal.getsignal(signal.SIGTERM) == before, stop.requested))
+
+    thread = threading.Thread(target=elsewhere)
     thread.start()
     thread.join()
-    assert seen == [(False, False)] and signal.getsignal(signal.SIGTERM) == before
+    assert seen == [(True, None)] and signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_token_nobody_installed_is_set_only_by_a_request():
+    stop = Stop()
+    stop.check()
+    closed = []
+    with stop.closing(lambda: closed.append(1)):
+        stop.request(signal.SIGINT)
+    assert closed == [1] and stop.requested == signal.SIGINT
+    with pytest.raises(CancelledError, match="received SIGINT"):
+        stop.check()
+    assert cancel.cancelled(signal.SIGTERM).exit_code == EXIT_CANCELLED
+
+
+def test_the_launcher_without_a_token_of_its_entry_point_acts_on_none():
+    # A library caller that made no token: nothing is installed, so a request can come only through a token it passes.
+    fake = backend([JobStatus(Phase.SUCCEEDED)])
+    before = signal.getsignal(signal.SIGTERM)
+    outcome = Launcher(fake, LaunchOptions(logs="none"), out=io.StringIO()).run(prepare(fake, INPUTS))
+    assert outcome.succeeded and signal.getsignal(signal.SIGTERM) == before
 
 
 def test_sigint_twice_while_following_deletes_the_job_once_and_says_sigint():
@@ -172,7 +210,6 @@ def test_sigint_twice_while_following_deletes_the_job_once_and_says_sigint():
         os.kill(os.getpid(), signal.SIGINT)  # the second changes nothing
 
     fake = backend([JobStatus(Phase.RUNNING)], watch=two_sigints)
-    launcher = Launcher(fake, LaunchOptions(logs="none"), out=io.StringIO())
     with pytest.raises(CancelledError, match="received SIGINT: the run was cancelled"):
-        launcher.run(INPUTS)
+        launch(fake, options=LaunchOptions(logs="none"), out=io.StringIO())
     assert len(fake.deleted) == 1 and fake.delete_finished

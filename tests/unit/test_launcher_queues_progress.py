@@ -10,6 +10,7 @@ from test_launcher_policies import INPUTS, FakeClock, ScriptedBackend, launch
 from kfp_trainer.backends.base import Blocker, LogLine
 from kfp_trainer.errors import CannotStartError, TimeLimitError
 from kfp_trainer.jobstatus import JobStatus, Phase
+from kfp_trainer.prepare import prepare
 from tests.fakes import FakeJob
 
 QUEUED = INPUTS.model_copy(update={"queue_name": "team-q", "suspend": True})
@@ -30,7 +31,7 @@ def test_a_long_wait_in_the_queue_does_not_count_against_start_timeout():
     clock = FakeClock()
     script = [suspended()] + [10] * 50 + [JobStatus(Phase.PENDING, "Resumed"), 20, JobStatus(Phase.RUNNING), 30, JobStatus(Phase.SUCCEEDED)]
     launcher, out = launch(ScriptedBackend(script, clock), clock, start_timeout=60)
-    outcome = launcher.run(QUEUED)
+    outcome = launcher.run(prepare(launcher.backend, QUEUED))
     assert outcome.succeeded
     assert outcome.times == {"queued": 500.0, "starting": 20.0, "running": 30.0}
     assert outcome.queue == "team-q"
@@ -46,7 +47,7 @@ def test_start_timeout_still_counts_the_time_after_admission():
     backend = ScriptedBackend(script, clock)
     launcher, _ = launch(backend, clock, start_timeout=60)
     with pytest.raises(TimeLimitError, match=r"did not start within start_timeout=60s \(not counting 300s queued\)") as info:
-        launcher.run(QUEUED)
+        launcher.run(prepare(launcher.backend, QUEUED))
     assert info.value.reason == "StartTimeout" and len(backend.deleted) == 1 and 360 < clock.now <= 380
 
 
@@ -55,7 +56,7 @@ def test_queue_timeout_deletes_a_job_the_queue_never_admits():
     backend = ScriptedBackend([suspended()] + [10] * 100, clock)
     launcher, _ = launch(backend, clock, queue_timeout=120, start_timeout=60)
     with pytest.raises(TimeLimitError, match="waited in queue team-q longer than queue_timeout=120s") as info:
-        launcher.run(QUEUED)
+        launcher.run(prepare(launcher.backend, QUEUED))
     assert info.value.reason == "QueueTimeout" and len(backend.deleted) == 1 and 120 < clock.now <= 130
 
 
@@ -63,7 +64,7 @@ def test_no_queue_timeout_means_waiting_as_long_as_the_queue_takes():
     clock = FakeClock()
     backend = ScriptedBackend([suspended()] + [3600] * 48 + [JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED)], clock)
     launcher, _ = launch(backend, clock, start_timeout=60)
-    assert launcher.run(QUEUED).times["queued"] == 48 * 3600
+    assert launcher.run(prepare(launcher.backend, QUEUED)).times["queued"] == 48 * 3600
 
 
 def test_run_timeout_leaves_out_time_queued_again_after_a_preemption():
@@ -72,7 +73,7 @@ def test_run_timeout_leaves_out_time_queued_again_after_a_preemption():
     backend = ScriptedBackend(script, clock)
     launcher, _ = launch(backend, clock, run_timeout=40)
     with pytest.raises(TimeLimitError, match="ran longer than run_timeout=40s"):
-        launcher.run(INPUTS)
+        launcher.run(prepare(launcher.backend, INPUTS))
     assert 540 < clock.now <= 545
 
 
@@ -81,7 +82,7 @@ def test_what_the_queue_says_is_logged_once_each_while_queued():
     notes = ["Pending: couldn't assign flavors to pod set node: insufficient quota for cpu", "QuotaReserved: Quota reserved"]
     script = [suspended()] + [5] * 6 + [JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED)]
     launcher, out = launch(ScriptedBackend(script, clock, queue=notes), clock)
-    launcher.run(QUEUED)
+    launcher.run(prepare(launcher.backend, QUEUED))
     text = out.getvalue()
     assert text.count("queue team-q: Pending: couldn't assign flavors to pod set node: insufficient quota for cpu") == 1
     assert text.count("queue team-q: QuotaReserved") == 1
@@ -93,7 +94,7 @@ def test_a_job_that_can_never_start_fails_fast_even_while_queued():
     backend = ScriptedBackend([suspended()] + [5] * 20, clock, blockers=[blocker])
     launcher, _ = launch(backend, clock, fatal_blocker_grace=10)
     with pytest.raises(CannotStartError, match="exceeded quota"):
-        launcher.run(QUEUED)
+        launcher.run(prepare(launcher.backend, QUEUED))
     assert len(backend.deleted) == 1 and clock.now <= 20
 
 
@@ -101,7 +102,7 @@ def test_progress_gets_a_line_when_it_moves_not_for_every_report():
     clock = FakeClock()
     reports = [progress(p, loss=str(3 - p / 50)) for p in range(0, 101, 1)]
     launcher, out = launch(ScriptedBackend([JobStatus(Phase.RUNNING), *reports, JobStatus(Phase.SUCCEEDED)], clock), clock)
-    outcome = launcher.run(INPUTS)
+    outcome = launcher.run(prepare(launcher.backend, INPUTS))
     lines = [line for line in out.getvalue().splitlines() if "] progress " in line]
     assert [line.split("progress ")[1].split("%")[0] for line in lines] == [str(p) for p in range(0, 101, 5)]
     assert "progress 100% (loss=1.0)" in lines[-1]
@@ -115,7 +116,7 @@ def test_metrics_alone_get_a_line_at_most_once_a_minute():
     for i in range(30):
         script += [progress(50, loss=str(i)), 10]
     launcher, out = launch(ScriptedBackend(script + [JobStatus(Phase.SUCCEEDED)], clock), clock)
-    launcher.run(INPUTS)
+    launcher.run(prepare(launcher.backend, INPUTS))
     assert sum("] progress 50%" in line for line in out.getvalue().splitlines()) == 5  # 300 s of reports: t=0, 60, ..., 240
 
 
@@ -125,7 +126,7 @@ def test_a_multikueue_job_is_followed_by_its_status_without_logs_or_pods():
     backend = ScriptedBackend([JobStatus(Phase.PENDING)] + [5] * 30 + [JobStatus(Phase.RUNNING), JobStatus(Phase.SUCCEEDED)], clock,
                               blockers=[Blocker("Unschedulable", "no such pods here")], lines=["must not be read"])  # fmt: skip
     launcher, out = launch(backend, clock, blocker_grace=10)
-    assert launcher.run(inputs).succeeded
+    assert launcher.run(prepare(launcher.backend, inputs)).succeeded
     assert "must not be read" not in out.getvalue() and "its pods and logs are there" in out.getvalue()
 
 
@@ -134,7 +135,7 @@ def test_a_preempted_job_waits_to_be_readmitted_its_suspension_counted_apart_and
     note = "Preempted: preempted by TrainJob ns/urgent in ClusterQueue team-cq (prioritization in the ClusterQueue)"
     script = [JobStatus(Phase.RUNNING), 20, suspended()] + [5] * 12 + [JobStatus(Phase.PENDING), JobStatus(Phase.RUNNING), 30]
     launcher, out = launch(ScriptedBackend(script + [JobStatus(Phase.SUCCEEDED)], clock, queue=[note]), clock, run_timeout=55)
-    outcome = launcher.run(QUEUED)  # 50 s running in all: under run_timeout, the 60 s suspended left out
+    outcome = launcher.run(prepare(launcher.backend, QUEUED))  # 50 s running in all: under run_timeout, the 60 s suspended left out
     assert outcome.succeeded and outcome.preemptions == 1
     assert outcome.times == {"queued": 0.0, "starting": 0.0, "running": 50.0, "preempted": 60.0}
     text = out.getvalue()
@@ -150,7 +151,7 @@ def test_queue_timeout_bounds_the_wait_for_readmission_too():
     backend = ScriptedBackend([JobStatus(Phase.RUNNING), 20, suspended()] + [10] * 30, clock)
     launcher, _ = launch(backend, clock, queue_timeout=120)
     with pytest.raises(TimeLimitError, match="waited in queue team-q longer than queue_timeout=120s"):
-        launcher.run(QUEUED)
+        launcher.run(prepare(launcher.backend, QUEUED))
     assert len(backend.deleted) == 1 and 140 < clock.now <= 150
 
 
@@ -186,6 +187,6 @@ def test_a_job_preempted_before_its_pod_turned_ready_but_after_its_trainer_print
     clock = FakeClock()
     script = [JobStatus(Phase.PENDING), suspended(), 30, JobStatus(Phase.PENDING), 5, JobStatus(Phase.SUCCEEDED)]
     launcher, out = launch(PrintsBeforeReady(script, clock, lines=["epoch 1 loss=0.9"]), clock)
-    outcome = launcher.run(QUEUED)
+    outcome = launcher.run(prepare(launcher.backend, QUEUED))
     assert outcome.preemptions == 1 and outcome.times["preempted"] == 30.0
     assert "waiting to be re-admitted to LocalQueue team-q" in out.getvalue()

@@ -11,8 +11,9 @@ import yaml
 
 from kfp_trainer.errors import InvalidSpecErrors
 from kfp_trainer.llm import checkpoints, tune_output
+from kfp_trainer.spec import TrainJobInputs
 from kfp_trainer.steps.finetune import TorchTuneFinetune, dataset_path_arg, torchtune_settings
-from kfp_trainer.steps.train_job import TrainerContext
+from kfp_trainer.steps.step_types import TrainerContext
 
 SHARED = Path(os.environ.get("KFP_TRAINER_CRDS_DIR", Path(__file__).resolve().parents[3] / "shared" / "kubeflow-trainer-v2.3.0"))
 WORKSPACE_MOUNT = {"name": "kfp-workspace", "mountPath": "/kfp-workspace"}
@@ -22,20 +23,20 @@ def runtime(file: str) -> dict:
     return yaml.safe_load((SHARED / "runtimes" / file).read_text())
 
 
-def context(tmp_path: Path, rt: dict, *, local: bool = False, mounts: list | None = None) -> TrainerContext:
-    return TrainerContext(
-        backend=None,
-        runtime=SimpleNamespace(document=rt),
-        inputs={
-            "volume_mounts": mounts if mounts is not None else [WORKSPACE_MOUNT],
-            "volumes": [{"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": "run-1-kfp-workspace"}}],
-        },
+def context(tmp_path: Path, rt: dict, *, local: bool = False, mounts: list | None = None) -> tuple:
+    """What the step hands the trainer's configure: its context, the runtime as read, the inputs so far."""
+    ctx = TrainerContext(
         local=local,
         shared_root=None if local else "/kfp-workspace",
         key="finetune-abc123",
         workspace_path="" if local else "/kfp-workspace",
         output_model=SimpleNamespace(path=str(tmp_path / "output_model")),
     )
+    inputs = TrainJobInputs.parse(
+        volume_mounts=mounts if mounts is not None else [WORKSPACE_MOUNT],
+        volumes=[{"name": "kfp-workspace", "persistentVolumeClaim": {"claimName": "run-1-kfp-workspace"}}],
+    )
+    return ctx, SimpleNamespace(document=rt), inputs
 
 
 # --------------------------------------------------------------------------- settings
@@ -81,8 +82,8 @@ def test_the_trainjob_inputs_are_the_sdks_plus_a_workspace_folder_mounted_at_the
         settings, dataset_uri="hf://org/data/train", dataset_secret="hf-token", model_uri="hf://org/model", learning_rate=1e-4
     )
     mounts = [{"name": "kfp-workspace", "mountPath": "/kfp-workspace", "subPath": "runs/r1"}]
-    ctx = context(tmp_path, runtime("qwen2_5_1.5B.yaml"), mounts=mounts)
-    out = step.configure(ctx)
+    ctx, rt, inputs = context(tmp_path, runtime("qwen2_5_1.5B.yaml"), mounts=mounts)
+    out = step.configure(ctx, rt, inputs)
     assert (out["runtime"], out["runtime_kind"], out["command"]) == ("torchtune-qwen2.5-1.5b", "ClusterTrainingRuntime", ["tune", "run"])
     assert out["args"] == [
         "batch_size=4", "epochs=2", "dataset.data_dir=/workspace/dataset/train", "model.lora_rank=8",
@@ -111,8 +112,8 @@ def test_a_retry_that_finds_an_earlier_tries_epoch_resumes_after_it(tmp_path):
     (out_dir / "recipe_state").mkdir()
     (out_dir / checkpoints.RECIPE_STATE).write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty, whole zip archive
     step = TorchTuneFinetune(torchtune_settings("full", epochs=3), dataset_uri="builtin://datasets/instruct-sums")
-    ctx = context(tmp_path, runtime("qwen2_5_1.5B.yaml"), local=True)
-    out = step.configure(ctx)
+    ctx, rt, inputs = context(tmp_path, runtime("qwen2_5_1.5B.yaml"), local=True)
+    out = step.configure(ctx, rt, inputs)
     assert out["resume_args"] == [
         "resume_from_checkpoint=True",
         "checkpointer.checkpoint_files=[epoch_0/model-00001-of-00001.safetensors]",
@@ -129,27 +130,27 @@ def test_a_retry_that_finds_an_earlier_tries_epoch_resumes_after_it(tmp_path):
 def test_a_runtime_that_is_not_torchtune_is_refused_with_what_it_is(tmp_path):
     step = TorchTuneFinetune(torchtune_settings("full"))
     with pytest.raises(InvalidSpecErrors, match=r"runtime: got 'torch-distributed'; expected a torchtune runtime .* torch runtime"):
-        step.configure(context(tmp_path, runtime("torch_distributed.yaml")))
+        step.configure(*context(tmp_path, runtime("torch_distributed.yaml")))
 
 
 def test_overrides_the_runtime_owns_or_the_inputs_set_are_refused(tmp_path):
     step = TorchTuneFinetune(torchtune_settings("full", epochs=1), overrides=["output_dir=/tmp/x", "epochs=3", "not an override"])
     with pytest.raises(InvalidSpecErrors) as e:
-        step.configure(context(tmp_path, runtime("llama3_2_1B.yaml")))
+        step.configure(*context(tmp_path, runtime("llama3_2_1B.yaml")))
     assert [err.field for err in e.value.errors] == ["overrides[0]", "overrides[1]", "overrides[2]"]
 
 
 def test_without_a_volume_shared_with_the_trainjob_the_step_says_how_to_get_one(tmp_path):
-    ctx = context(tmp_path, runtime("llama3_2_1B.yaml"), mounts=[])
+    ctx, rt, inputs = context(tmp_path, runtime("llama3_2_1B.yaml"), mounts=[])
     ctx.shared_root = None
     with pytest.raises(Exception, match="workspace_path: .* configure the pipeline workspace"):
-        TorchTuneFinetune(torchtune_settings("full")).configure(ctx)
+        TorchTuneFinetune(torchtune_settings("full")).configure(ctx, rt, inputs)
 
 
 def test_qlora_on_two_gpus_is_refused_as_the_trainer_would(tmp_path):
     step = TorchTuneFinetune(torchtune_settings("qlora", resources_per_node={"gpu": 2}))
     with pytest.raises(InvalidSpecErrors, match="exactly 1 GPU per node for QLoRA"):
-        step.configure(context(tmp_path, runtime("llama3_2_1B.yaml")))
+        step.configure(*context(tmp_path, runtime("llama3_2_1B.yaml")))
 
 
 # --------------------------------------------------------------------------- the output

@@ -73,19 +73,18 @@ def test_the_function_runs_as_the_sdks_custom_trainer_with_its_source_verbatim(t
     fn = FunctionTrainer(source=source, function="fit", func_file="train.py", arguments={"lr": 0.5}, specials=["output_dir"],
                          packages_to_install=["definitely-not-installed-here==1.0"])  # fmt: skip
     doc = yaml.safe_load((SHARED / "runtimes" / "torch_distributed.yaml").read_text())
-    ctx = SimpleNamespace(runtime=SimpleNamespace(document=doc), local=False)
-    assert fn.configure(ctx) == {"command": ["{output_model}"]}
-    command = fn.finalize(ctx, {"output_model": "/kfp-workspace/.kfp-trainer/k/output-model"})["command"]
+    ctx, runtime = SimpleNamespace(local=False), SimpleNamespace(document=doc)
+    assert fn.configure(ctx, runtime, None) == {"command": ["{output_model}"]}
+    command = fn.finalize(ctx, runtime, {"output_model": "/kfp-workspace/.kfp-trainer/k/output-model"})["command"]
     assert command[:2] == ["bash", "-c"]
     script = command[2]
     assert source in script and "fit(**{'lr': 0.5, 'output_dir': '/kfp-workspace/.kfp-trainer/k/output-model'})" in script
     assert "PACKAGES=(definitely-not-installed-here==1.0)" in script and 'torchrun "train.py"' in script
-    local = SimpleNamespace(runtime=ctx.runtime, local=True)
     with pytest.raises(InvalidSpecErrors, match="packages_to_install: .* installs nothing"):
-        fn.configure(local)
+        fn.configure(SimpleNamespace(local=True), runtime, None)
     tune = yaml.safe_load((SHARED / "runtimes" / "qwen2_5_1.5B.yaml").read_text())
     with pytest.raises(InvalidSpecErrors, match="use torchtune_finetune"):
         FunctionTrainer(source=source, function="fit", func_file="t.py", arguments={}, specials=[]).configure(
-            SimpleNamespace(runtime=SimpleNamespace(document=tune), local=False)
+            SimpleNamespace(local=False), SimpleNamespace(document=tune), None
         )
     assert missing_packages(["pyyaml>=5", "pyyaml<1"]) == ["pyyaml<1"]

@@ -14,10 +14,11 @@ from kfp_trainer import cli, spec
 from kfp_trainer.components import dataset_initializer, load_component_from_file, train_job, trainjob_component
 from kfp_trainer.errors import InvalidSpecErrors
 from kfp_trainer.launcher import Launcher, LaunchOptions
+from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
 from kfp_trainer.spec.placeholders import unknown_placeholder_errors
 from kfp_trainer.staging import NAMES
-from tests.fakes import FakeBackend, fresh_stop_signals  # noqa: F401 -- the fixture, for the launcher's signal handlers
+from tests.fakes import FakeBackend
 
 MISTAKES = [
     ("typo in args", {"args": ["--out", "{output_dir}"]}, "args[1]", "did you mean {output_model}?"),
@@ -124,7 +125,7 @@ def test_the_library_and_the_cli_refuse_an_unknown_placeholder(capsys):
     assert "did you mean {output_model}?" in capsys.readouterr().err
     backend = FakeBackend()
     with pytest.raises(InvalidSpecErrors, match=r"did you mean \{output_model\}"):  # kfp-trainer launch's path
-        Launcher(backend, LaunchOptions()).run(TrainJobInputs.parse(run_id="r", args=["{output_dir}"]))
+        Launcher(backend, LaunchOptions()).run(prepare(backend, TrainJobInputs.parse(run_id="r", args=["{output_dir}"])))
     assert not [c for c in backend.calls if c[0] in ("create", "submit")]
 
 

@@ -33,7 +33,7 @@ def test_ignore_patterns_given_as_none_means_none_and_left_out_means_the_sdks_de
     assert env() == [{"name": "IGNORE_PATTERNS", "value": "*.msgpack,*.h5,*.bin,*.pt,*.pth"}]
     assert env(ignore_patterns=[]) == [{"name": "IGNORE_PATTERNS", "value": ""}]
     step = TorchTuneFinetune(torchtune_settings(), model_uri="hf://org/model", model_options={"ignore_patterns": None})
-    source, _ = step.storage("model")
+    source = step.storage()[0]["model"]
     assert "ignore_patterns" in source.model_fields_set and source.ignore_patterns is None
 
 

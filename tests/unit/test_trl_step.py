@@ -16,7 +16,8 @@ from kfp_trainer.data import DatasetError, load_preference_split, load_split
 from kfp_trainer.errors import InvalidSpecErrors
 from kfp_trainer.llm.trl_config import trl_settings
 from kfp_trainer.llm.trl_runtime import COMMAND, RUNTIME_NAME, trl_runtime
-from kfp_trainer.steps.train_job import TrainerContext
+from kfp_trainer.spec import TrainJobInputs
+from kfp_trainer.steps.step_types import StepArtifacts, StepOptions, TrainerContext
 from kfp_trainer.steps.trl import TRLFinetune, run_trl_finetune
 from kfp_trainer.trainers.builtin import addition_preference_records
 from kfp_trainer.trainers.trl_train import last_checkpoint, prepare_argv
@@ -28,13 +29,14 @@ def errors_of(excinfo) -> dict[str, str]:
     return {e.field: e.allowed for e in excinfo.value.errors}
 
 
-def context(tmp_path: Path, rt: dict, *, local: bool = True, with_sources: bool = True) -> TrainerContext:
+def context(tmp_path: Path, rt: dict, *, local: bool = True, with_sources: bool = True) -> tuple:
+    """What the step hands the trainer's configure: its context, the runtime as read, the inputs so far."""
     artifact = SimpleNamespace(path=str(tmp_path / "in"), uri="x", metadata={}) if with_sources else None
-    return TrainerContext(
-        backend=None, runtime=SimpleNamespace(document=rt), inputs={"runtime": rt["metadata"]["name"]}, local=local,
-        shared_root=None, key="trl-abc", workspace_path="", output_model=SimpleNamespace(path=str(tmp_path / "out")),
+    ctx = TrainerContext(
+        local=local, shared_root=None, key="trl-abc", workspace_path="", output_model=SimpleNamespace(path=str(tmp_path / "out")),
         dataset=artifact, model=artifact,
     )  # fmt: skip
+    return ctx, SimpleNamespace(document=rt), TrainJobInputs.parse(runtime=rt["metadata"]["name"])
 
 
 def test_the_inputs_render_as_the_kep_626_trl_config_renders_them():
@@ -80,8 +82,8 @@ def test_dpo_settings_on_sft_and_qlora_without_peft_are_refused():
 
 def test_the_trainjob_carries_only_the_arguments_with_the_artifact_placeholders(tmp_path):
     rt = trl_runtime("img")
-    ctx = context(tmp_path, rt)
-    out = TRLFinetune(trl_settings(method="sft", max_steps=5, use_peft=True), merge_adapter=False).configure(ctx)
+    ctx, runtime, inputs = context(tmp_path, rt)
+    out = TRLFinetune(trl_settings(method="sft", max_steps=5, use_peft=True), merge_adapter=False).configure(ctx, runtime, inputs)
     assert out == {"args": ["sft", "--max_steps", "5", "--use_peft", "--model_name_or_path", "{model}", "--dataset_name", "{dataset}",
                             "--output_dir", "{output_model}", "--merge_adapter", "false"]}  # fmt: skip
     assert ctx.metadata["method"] == "sft" and json.loads(ctx.metadata["trl_settings"])["max_steps"] == 5
@@ -90,22 +92,23 @@ def test_the_trainjob_carries_only_the_arguments_with_the_artifact_placeholders(
 
 def test_a_runtime_that_is_not_a_trl_runtime_is_refused_with_its_label(tmp_path):
     with pytest.raises(InvalidSpecErrors) as excinfo:
-        TRLFinetune(trl_settings(method="sft")).configure(context(tmp_path, BUILTIN_RUNTIMES["torch-distributed"]))
+        TRLFinetune(trl_settings(method="sft")).configure(*context(tmp_path, BUILTIN_RUNTIMES["torch-distributed"]))
     allowed = errors_of(excinfo)["runtime"]
     assert "trainer.kubeflow.org/framework: trl" in allowed and "labelled torch" in allowed and RUNTIME_NAME in allowed
 
 
 def test_qlora_is_refused_locally_on_a_machine_without_cuda(tmp_path):
     with pytest.raises(InvalidSpecErrors) as excinfo:
-        TRLFinetune(trl_settings(method="sft", load_in_4bit=True)).configure(context(tmp_path, trl_runtime("img")))
+        TRLFinetune(trl_settings(method="sft", load_in_4bit=True)).configure(*context(tmp_path, trl_runtime("img")))
     assert "CUDA" in errors_of(excinfo)["load_in_4bit"]
 
 
 def test_model_and_dataset_need_exactly_one_source_each_before_anything_runs(tmp_path):
     out = SimpleNamespace(path=str(tmp_path / "out"))
     given = SimpleNamespace(path=str(tmp_path), uri="u", metadata={})
+    artifacts = StepArtifacts(output_model=out, metrics=None, report=None, trainjob_path="", model=given)
     with pytest.raises(InvalidSpecErrors) as excinfo:
-        run_trl_finetune(method="sft", settings={}, model=given, model_uri="hf://org/m", output_model=out)
+        run_trl_finetune(method="sft", settings={}, inputs={}, artifacts=artifacts, options=StepOptions(), model_uri="hf://org/m")
     errors = errors_of(excinfo)
     assert "one source" in errors["model_uri"] and "dataset_initializer" in errors["dataset"]
     assert not list(tmp_path.iterdir())  # nothing fetched or written
@@ -177,12 +180,15 @@ def test_a_literal_token_in_extra_args_is_refused_hidden_before_anything_is_crea
     folders = {k: SimpleNamespace(path=str(tmp_path / k), uri=k, metadata={}) for k in ("model", "dataset")}
     for f in folders.values():
         Path(f.path).mkdir()
+    artifacts = StepArtifacts(
+        output_model=SimpleNamespace(path=str(tmp_path / "out"), uri="out", metadata={}), metrics=None,
+        report=SimpleNamespace(path=str(tmp_path / "report")), trainjob_path=str(tmp_path / "trainjob"), **folders,
+    )  # fmt: skip
     with pytest.raises(InvalidSpecErrors) as excinfo:
         run_trl_finetune(
-            method="sft", settings={}, extra_args=["--hub_token", token], **folders, inputs={"runtime": RUNTIME_NAME, "run_id": "r1",
-            "task_name": "t"}, task_config=None, backend="local", start_timeout=10, run_timeout=0, logs="0", delete_after_success=False,
-            workspace_path="", output_model=SimpleNamespace(path=str(tmp_path / "out"), uri="out", metadata={}), metrics=None,
-            report=SimpleNamespace(path=str(tmp_path / "report")), trainjob_path=str(tmp_path / "trainjob"),
+            method="sft", settings={}, extra_args=["--hub_token", token],
+            inputs={"runtime": RUNTIME_NAME, "run_id": "r1", "task_name": "t"}, artifacts=artifacts,
+            options=StepOptions(backend="local", start_timeout=10),
         )  # fmt: skip
     assert token not in str(excinfo.value) and "credential" in str(excinfo.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset", "model"]  # no job, no output

@@ -14,7 +14,6 @@ from test_components_build_checks import run_time_error
 
 from kfp_trainer.components import torchtune_finetune, train_job, trainjob_component, trl_finetune, workspace_config
 from kfp_trainer.errors import InvalidSpecErrors
-from tests.fakes import fresh_stop_signals  # noqa: F401 -- the fixture, for the step's signal handlers
 
 SAVES_MODEL = {"command": ["python", "train.py"], "args": ["--out", "{output_model}"]}
 

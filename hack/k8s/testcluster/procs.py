@@ -1,4 +1,7 @@
-"""Processes of the test cluster: free ports, starting daemons, finding and ending them."""
+"""Processes of the test cluster: free ports, starting daemons, finding and ending them.
+
+``free_port`` and ``pid_alive`` are the launcher's own (:mod:`kfp_trainer.backends.procs`).
+"""
 
 from __future__ import annotations
 
@@ -11,27 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
+from kfp_trainer.backends.procs import free_port, pid_alive  # noqa: F401 - one home; the cluster's modules import them from here
 
 
 def read_pid(path: Path) -> int | None:

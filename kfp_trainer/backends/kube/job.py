@@ -4,13 +4,16 @@
 makes one per submitted job with the runtime the manifest was rendered for and the job as
 created or adopted; the status watch starts from that object, and the pod and event watches
 (:class:`~kfp_trainer.backends.kube.inspect.JobTracker`) are opened on first need and closed
-by :meth:`KubeJob.release`. Several jobs followed from one backend share nothing but its client.
+by :meth:`KubeJob.release`. It is given what it uses -- the API client, the
+:class:`~.lifecycle.Lifecycle` that deletes it and the :class:`JobSettings` -- and reads nothing
+of the backend. Several jobs followed from one backend share nothing but its client.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...jobstatus import JobRef, JobStatus, Phase
@@ -18,29 +21,56 @@ from ...spec import GROUP, PLURAL, VERSION
 from ..base import Blocker, JobHandle, LogSink, RuntimeInfo, trainjob_status
 from ..deletion import deletion_time
 from . import inspect
+from .api import RetryPolicy
 from .cache import EventQueue
+from .leftovers import leftovers_message
+from .lifecycle import Lifecycle
 from .logs import NodeLogFollower
 
 if TYPE_CHECKING:
-    from ..kubernetes import KubernetesBackend
+    from .client import Client as ApiClient
 
-__all__ = ["KubeJob"]
+__all__ = ["JobSettings", "KubeJob", "delete_job"]
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """How a job's watches and log streams behave (the backend's settings, see :class:`~..kubernetes.KubernetesBackend`)."""
+
+    watch_timeout: int = 300
+    heartbeat: float = 0.2
+    log_read_timeout: float = 300.0
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def delete_job(lifecycle: Lifecycle, ref: JobRef, *, wait: float = 30.0) -> str:
+    """Delete the TrainJob (background propagation) and wait, bounded, until it and its pods are gone.
+
+    Returns:
+        What is left and how to remove it; empty when everything is gone.
+    """
+    left = lifecycle.delete(ref, wait=wait)
+    return leftovers_message(ref, left, wait) if left else ""
 
 
 class KubeJob(JobHandle):
     """The handle of one TrainJob on a cluster.
 
     Args:
-        backend: The backend that submitted it (its API client and settings).
         ref: The job.
+        api: The API client.
+        lifecycle: What deletes it.
+        settings: Its watches' and log streams' settings.
         runtime: What its manifest was rendered for (None: a ``node`` job of one pod).
         known: The job as created or adopted (its watch starts there), if known.
     """
 
-    def __init__(self, backend: KubernetesBackend, ref: JobRef, *, runtime: RuntimeInfo | None = None,
-                 known: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(self, ref: JobRef, *, api: ApiClient, lifecycle: Lifecycle, settings: JobSettings = JobSettings(),
+                 runtime: RuntimeInfo | None = None, known: dict[str, Any] | None = None) -> None:  # fmt: skip
         super().__init__(ref)
-        self.backend = backend
+        self.api = api
+        self.lifecycle = lifecycle
+        self.settings = settings
         self.runtime = runtime
         if known is not None and ref.uid and known["metadata"].get("uid") != ref.uid:
             known = None
@@ -59,22 +89,22 @@ class KubeJob(JobHandle):
         """The job's pod and event watches, opened on first use."""
         with self._lock:
             if self._tracker is None:
-                b = self.backend
-                self._tracker = inspect.JobTracker(b.api, self.ref, created=self.created, policy=b.policy, timeout_seconds=b.watch_timeout)
+                self._tracker = inspect.JobTracker(
+                    self.api, self.ref, created=self.created, policy=self.settings.policy, timeout_seconds=self.settings.watch_timeout
+                )
             return self._tracker
 
     def watch(self) -> Iterator[JobStatus | None]:
         """Status changes of the TrainJob (one watch, from the job as created or adopted); ``None`` = heartbeat."""
-        ref = self.ref
-        known = self.known
+        ref, known, settings = self.ref, self.known, self.settings
         version = str(known["metadata"].get("resourceVersion") or "") or None if known else None
         events = EventQueue(
-            self.backend.api,
+            self.api,
             f"/apis/{GROUP}/{VERSION}/namespaces/{ref.namespace}/{PLURAL}",
             [("fieldSelector", f"metadata.name={ref.name}")],
             resource_version=version,
-            timeout_seconds=self.backend.watch_timeout,
-            policy=self.backend.policy,
+            timeout_seconds=settings.watch_timeout,
+            policy=settings.policy,
             name=f"watch-{ref.name}",
         )
         last: JobStatus | None = None
@@ -85,7 +115,7 @@ class KubeJob(JobHandle):
             yield last
             if last.phase.finished:
                 return
-        for event in events.events(self.backend.heartbeat):
+        for event in events.events(settings.heartbeat):
             if event is None:
                 yield None
                 continue
@@ -121,7 +151,7 @@ class KubeJob(JobHandle):
         pods = self.tracker().pods()
         followers = [
             NodeLogFollower(
-                self.backend.api,
+                self.api,
                 namespace=self.ref.namespace,
                 job=self.ref.name,
                 replicated_job=replicated_job,
@@ -131,8 +161,8 @@ class KubeJob(JobHandle):
                 source=f"{replicated_job}-{index}",
                 pods=pods,
                 deleted_at=lambda: self.deleted_at,
-                read_timeout=self.backend.log_read_timeout,
-                policy=self.backend.policy,
+                read_timeout=self.settings.log_read_timeout,
+                policy=self.settings.policy,
             )
             for index in indices
         ]
@@ -152,7 +182,7 @@ class KubeJob(JobHandle):
 
     def diagnose(self, *, tail: int = 40) -> str:
         """Failed pods, recent events and the failing container's last log lines."""
-        return inspect.diagnose(self.backend.api, self.ref, tail=tail, created=self.created, policy=self.backend.policy)
+        return inspect.diagnose(self.api, self.ref, tail=tail, created=self.created, policy=self.settings.policy)
 
     def delete(self, *, wait: float = 30.0) -> str:
         """Stop the watches, delete the TrainJob and wait, bounded, until it and its pods are gone.
@@ -161,7 +191,7 @@ class KubeJob(JobHandle):
             What is left and how to remove it; empty when everything is gone.
         """
         self.release()
-        return self.backend.delete(self.ref, wait=wait)
+        return delete_job(self.lifecycle, self.ref, wait=wait)
 
     def release(self) -> None:
         """Stop the watches kept for the job (pods, events)."""

@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ... import cancel
+from ...cancel import Stop
 from ...errors import DeletionTimeoutError, ForbiddenError, OwnershipError, RejectedError, UserError
 from ...jobstatus import JobRef, Phase
 from ...spec import GROUP, LABEL_DIGEST, LABEL_RUN, LABEL_SCOPE, LABEL_TASK, PLURAL, VERSION
 from .. import owner
-from ..base import Submission, check_ownership, trainjob_status
+from ..base import JobHandle, Submission, check_ownership, trainjob_status
 from ..deletion import deleted_status
 from ..owner import describe
 from .api import Conflict, NotFound, RetryPolicy, call
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from .client import Client as ApiClient
 
 log = logging.getLogger(__name__)
+#: Makes the handle of a submitted job from its ref and the object as created or adopted (its watch starts there).
+HandleFactory = Callable[[JobRef, dict[str, Any]], JobHandle]
 CREATE_TIMEOUT = (10, 20)  # a stop signal waits for the create's answer: keep it short
 # The Job controller can replace pods it saw go for a Job already deleted (its cache lags the
 # deletion): those orphans appear a moment after the last pod went, and the garbage collector
@@ -57,22 +60,21 @@ class Lifecycle:
         self.api = api
         self.policy = policy
         self.replace_timeout = replace_timeout
-        self.seen: dict[tuple[str, str], dict[str, Any]] = {}  # the job as created or adopted: its watch starts there
 
     # ------------------------------------------------------------------ requests
     def get(self, ref: JobRef) -> dict[str, Any]:
         """The stored TrainJob (raises NotFound)."""
         return call(self.api.request, "GET", trainjob(ref.namespace, ref.name), what=f"get TrainJob {ref}", policy=self.policy)
 
-    def create(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Create the TrainJob (strict field validation). A stop signal waits for the answer."""
+    def create(self, namespace: str, manifest: dict[str, Any], *, stop: Stop) -> dict[str, Any]:
+        """Create the TrainJob (strict field validation). A stop request waits for the answer."""
         attempts = []
 
         def attempt(*args: Any, **kwargs: Any) -> dict[str, Any]:
-            cancel.check()  # before each attempt: a cancel after an unanswered one is reclaimed by the caller
+            stop.check()  # before each attempt: a cancel after an unanswered one is reclaimed by the caller
             attempts.append(1)
             created = self.api.request(*args, **kwargs)  # a stop signal waits for the answer
-            cancel.check()  # then the caller finds the job by name and deletes it
+            stop.check()  # then the caller finds the job by name and deletes it
             return created
 
         name = manifest["metadata"]["name"]
@@ -86,7 +88,7 @@ class Lifecycle:
                 timeout=CREATE_TIMEOUT,
                 what=f"create TrainJob {namespace}/{name}",
                 policy=self.policy,
-                sleep=cancel.sleep,
+                sleep=stop.sleep,
             )
         except Conflict as e:
             if len(attempts) > 1:  # an earlier attempt got no answer: it may have made the job
@@ -97,7 +99,6 @@ class Lifecycle:
             if hint:
                 raise RejectedError(f"{e}: {hint}") from e
             raise
-        self._remember(created)
         return created
 
     def lineage(self, namespace: str, run: str, task: str, scope: str = "") -> list[dict[str, Any]]:
@@ -113,13 +114,14 @@ class Lifecycle:
         )
         return list(body.get("items") or [])
 
-    def _remember(self, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        self.seen[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = obj
-
     # ------------------------------------------------------------------ submit
-    def submit(self, manifest: dict[str, Any], namespace: str) -> Submission:
-        """Create the TrainJob, adopt this task's earlier one, or replace it (see the module docstring)."""
+    def submit(self, manifest: dict[str, Any], namespace: str, *, handle: HandleFactory, stop: Stop | None = None) -> Submission:
+        """Create the TrainJob, adopt this task's earlier one, or replace it (see the module docstring).
+
+        ``handle`` makes the submission's handle from the job as created or adopted; ``stop`` is
+        looked at before each create attempt and ends a wait for an earlier try's job to go.
+        """
+        stop = stop if stop is not None else Stop()
         manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
         name = manifest["metadata"]["name"]
         labels = manifest["metadata"].get("labels") or {}
@@ -135,50 +137,44 @@ class Lifecycle:
                 if job["metadata"]["name"] == name:
                     existing = job
                 else:
-                    notes += self._retire(job, manifest)
+                    notes += self._retire(job, manifest, stop)
         if existing is None:
             lost = False
             try:
-                created = self.create(namespace, manifest)
-                return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, notes=tuple(notes))
+                return _made(handle, manifest, self.create(namespace, manifest, stop=stop), notes)
             except Conflict as e:
                 lost = isinstance(e, LostCreate)
             try:
                 existing = self.get(JobRef(namespace, name))
             except NotFound:  # deleted in between: create once more
-                created = self.create(namespace, manifest)
-                return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, notes=tuple(notes))
-            return self._take_over(manifest, existing, notes, lost_create=lost)
-        return self._take_over(manifest, existing, notes)
+                return _made(handle, manifest, self.create(namespace, manifest, stop=stop), notes)
+            return self._take_over(manifest, existing, notes, handle, stop, lost_create=lost)
+        return self._take_over(manifest, existing, notes, handle, stop)
 
-    def _take_over(self, manifest: dict[str, Any], existing: dict[str, Any], notes: list[str], lost_create: bool = False) -> Submission:
+    def _take_over(self, manifest: dict[str, Any], existing: dict[str, Any], notes: list[str], handle: HandleFactory, stop: Stop,
+                   lost_create: bool = False) -> Submission:  # fmt: skip
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
         if _earlier_try(manifest, existing):  # the same name given explicitly, other inputs
-            return self._replace_earlier_try(manifest, existing, notes)
+            return self._replace_earlier_try(manifest, existing, notes, handle, stop)
         check_ownership(manifest, existing, remedy=f"delete it: kubectl delete trainjob -n {namespace} {name}")
         ref = JobRef(namespace, name, existing["metadata"]["uid"])
         if lost_create and _same_launcher(manifest, existing) and not existing["metadata"].get("deletionTimestamp"):
             # This launcher made it: the first create's answer was lost (a timeout), its retry was told it exists.
-            self._remember(existing)
-            return Submission(ref, adopted=False, notes=tuple(notes))
+            return _made(handle, manifest, existing, notes)
         if existing["metadata"].get("deletionTimestamp"):
-            self._wait_deleted(existing, notes)
-            created = self.create(namespace, manifest)
-            return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, notes=tuple(notes))
+            self._wait_deleted(existing, notes, stop)
+            return _made(handle, manifest, self.create(namespace, manifest, stop=stop), notes)
         if trainjob_status(existing).phase is Phase.FAILED:
             log.warning("TrainJob %s from an earlier try failed; replacing it", ref)
-            self._delete_for_replace(ref, tree=True)
-            created = self.create(namespace, manifest)
-            return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, replaced=True, notes=tuple(notes))
-        self._remember(existing)
-        self._record_launcher(manifest, existing)
-        return Submission(ref, adopted=True, notes=tuple(notes))
+            self._delete_for_replace(ref, tree=True, stop=stop)
+            return _made(handle, manifest, self.create(namespace, manifest, stop=stop), notes, replaced=True)
+        return Submission(handle(ref, self._record_launcher(manifest, existing)), adopted=True, notes=tuple(notes))
 
-    def _record_launcher(self, manifest: dict[str, Any], existing: dict[str, Any]) -> None:
-        """Name this launcher on an adopted job, so gc and later tries see who follows it now."""
+    def _record_launcher(self, manifest: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any]:
+        """Name this launcher on an adopted job, so gc and later tries see who follows it now; the job as it is then."""
         mine = (manifest["metadata"].get("annotations") or {}).get(owner.ANNOTATION)
         if not mine or (existing["metadata"].get("annotations") or {}).get(owner.ANNOTATION) == mine:
-            return
+            return existing
         meta = existing["metadata"]
         try:
             patched = call(
@@ -190,17 +186,18 @@ class Lifecycle:
                 what=f"record the launcher on TrainJob {meta['namespace']}/{meta['name']}",
                 policy=self.policy,
             )
-            self._remember(patched)
         except UserError as e:  # following the job matters more than the record
             log.warning("%s", e)
+            return existing
+        return dict(patched)
 
-    def _retire(self, job: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
+    def _retire(self, job: dict[str, Any], manifest: dict[str, Any], stop: Stop) -> list[str]:
         """Deal with a TrainJob of this run and task with other inputs (another name)."""
         meta = job["metadata"]
         ref = JobRef(meta["namespace"], meta["name"], meta["uid"])
         old, new = (meta.get("labels") or {}).get(LABEL_DIGEST), (manifest["metadata"].get("labels") or {}).get(LABEL_DIGEST)
         if meta.get("deletionTimestamp"):
-            self._wait_gone_for_replace(ref, tree=False)
+            self._wait_gone_for_replace(ref, tree=False, stop=stop)
             return [f"waited for TrainJob {ref} of an earlier try of this task (being deleted) to go"]
         status = trainjob_status(job)
         if status.phase.finished:
@@ -216,13 +213,14 @@ class Lifecycle:
                 f"still runs; if it is stale: kfp-trainer gc -n {ref.namespace} --yes, "
                 f"or kubectl delete trainjob -n {ref.namespace} {ref.name}"
             ]
-        self._delete_for_replace(ref, tree=False)
+        self._delete_for_replace(ref, tree=False, stop=stop)
         return [
             f"replaced stale TrainJob {ref} of an earlier try of this task (inputs digest {old} -> {new}; "
             f"its launcher {who} is gone): deleted it before creating {manifest['metadata']['name']}"
         ]
 
-    def _replace_earlier_try(self, manifest: dict[str, Any], existing: dict[str, Any], notes: list[str]) -> Submission:
+    def _replace_earlier_try(self, manifest: dict[str, Any], existing: dict[str, Any], notes: list[str], handle: HandleFactory,
+                             stop: Stop) -> Submission:  # fmt: skip
         """The wanted name is taken by a job of this run and task with other inputs: an earlier try.
 
         Replaced when its launcher is gone (deleted with everything under it, then created
@@ -233,7 +231,7 @@ class Lifecycle:
         ref = JobRef(namespace, name, meta["uid"])
         old, new = (meta.get("labels") or {}).get(LABEL_DIGEST), (manifest["metadata"].get("labels") or {}).get(LABEL_DIGEST)
         if meta.get("deletionTimestamp"):
-            self._wait_deleted(existing, notes)
+            self._wait_deleted(existing, notes, stop)
         else:
             identity = owner.parse(existing)
             alive, who = self.launcher_alive(identity), describe(identity)
@@ -248,16 +246,16 @@ class Lifecycle:
                     f"TrainJob {namespace}/{name} belongs to this run and task with other inputs (inputs digest {old}, this try {new}); "
                     f"cannot tell whether its launcher {who} still runs, so it is left alone. If it is stale, {remedy}"
                 )
-            self._delete_for_replace(ref, tree=True)  # the new job's JobSet, Jobs and pods take the same names
+            self._delete_for_replace(ref, tree=True, stop=stop)  # the new job's JobSet, Jobs and pods take the same names
             notes.append(
                 f"replaced stale TrainJob {ref} of an earlier try of this task (inputs digest {old} -> {new}; "
                 f"its launcher {who} is gone): deleted it before creating {name} with this try's inputs"
             )
         try:
-            created = self.create(namespace, manifest)
+            created = self.create(namespace, manifest, stop=stop)
         except Conflict:  # a concurrent retry created it first: follow that one
-            return self._take_over(manifest, self.get(JobRef(namespace, name)), notes)
-        return Submission(JobRef(namespace, name, created["metadata"]["uid"]), adopted=False, notes=tuple(notes))
+            return self._take_over(manifest, self.get(JobRef(namespace, name)), notes, handle, stop)
+        return _made(handle, manifest, created, notes)
 
     def launcher_alive(self, identity: dict[str, Any] | None) -> bool | None:
         """Whether the recorded launcher still runs: True, False (gone, or none recorded), or None (cannot tell)."""
@@ -275,21 +273,21 @@ class Lifecycle:
         return owner.local_process_alive(identity)
 
     # ------------------------------------------------------------------ delete
-    def _delete_for_replace(self, ref: JobRef, *, tree: bool) -> None:
-        left = self.delete(ref, wait=self.replace_timeout, tree=tree, cancellable=True)  # a cancel ends the wait: nothing new is made
+    def _delete_for_replace(self, ref: JobRef, *, tree: bool, stop: Stop) -> None:
+        left = self.delete(ref, wait=self.replace_timeout, tree=tree, stop=stop)  # a cancel ends the wait: nothing new is made
         self._refuse_to_create_over(ref, left)
 
-    def _wait_gone_for_replace(self, ref: JobRef, *, tree: bool, how: str = "") -> None:
-        left = self._wait_tree(ref, time.monotonic() + self.replace_timeout, tree=tree, cancellable=True)
+    def _wait_gone_for_replace(self, ref: JobRef, *, tree: bool, stop: Stop, how: str = "") -> None:
+        left = self._wait_tree(ref, time.monotonic() + self.replace_timeout, tree=tree, stop=stop)
         self._refuse_to_create_over(ref, left, how)
 
-    def _wait_deleted(self, existing: dict[str, Any], notes: list[str]) -> None:
+    def _wait_deleted(self, existing: dict[str, Any], notes: list[str], stop: Stop) -> None:
         """Wait (bounded) until this task's TrainJob being deleted by someone else is gone with all under it; never adopt it."""
         meta = existing["metadata"]
         ref, deleting = JobRef(meta["namespace"], meta["name"], meta["uid"]), deleted_status(existing)
         how = deleting.message if deleting else ""
         notes.append(f"TrainJob {ref} of an earlier try is being deleted; waited for it to go before creating a new one ({how})")
-        self._wait_gone_for_replace(ref, tree=True, how=how)
+        self._wait_gone_for_replace(ref, tree=True, stop=stop, how=how)
 
     def _refuse_to_create_over(self, ref: JobRef, left: list[Leftover], how: str = "") -> None:
         blocking = [x for x in left if x.kind != "Pod" or not x.terminating]
@@ -301,14 +299,14 @@ class Lifecycle:
                 + "\nRetry the step once it is gone."
             )
 
-    def delete(self, ref: JobRef, *, wait: float = 30.0, tree: bool = True, cancellable: bool = False) -> list[Leftover]:
+    def delete(self, ref: JobRef, *, wait: float = 30.0, tree: bool = True, stop: Stop | None = None) -> list[Leftover]:
         """Delete the TrainJob (background propagation); wait, bounded, until it and what it owns are gone.
 
         Args:
             ref: The job; with a uid, a newer object of the same name is never deleted.
             wait: Seconds to wait in all.
             tree: Also wait for its JobSet, Jobs and pods (else only the TrainJob).
-            cancellable: A stop signal ends the wait (to replace a job, not to clean up after a cancel).
+            stop: A stop token that ends the wait (to replace a job; never to clean up after a cancel).
 
         Returns:
             What is still there when waiting ended (empty when everything is gone).
@@ -328,9 +326,9 @@ class Lifecycle:
             pass
         except Conflict:  # the precondition failed: another object has the name now, ours is gone
             return []
-        return self._wait_tree(ref, deadline, tree=tree, cancellable=cancellable)
+        return self._wait_tree(ref, deadline, tree=tree, stop=stop)
 
-    def _wait_tree(self, ref: JobRef, deadline: float, *, tree: bool, cancellable: bool = False) -> list[Leftover]:
+    def _wait_tree(self, ref: JobRef, deadline: float, *, tree: bool, stop: Stop | None = None) -> list[Leftover]:
         ns, name = ref.namespace, ref.name
         stages: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("TrainJob", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}", [("fieldSelector", f"metadata.name={name}")]),
@@ -348,7 +346,7 @@ class Lifecycle:
             try:
                 def gone() -> list[dict[str, Any]]:
                     left = max(0.0, deadline - time.monotonic())
-                    return wait_gone(self.api, path, selectors, timeout=left, keep=keep, cancellable=cancellable)  # noqa: B023
+                    return wait_gone(self.api, path, selectors, timeout=left, keep=keep, stop=stop)  # noqa: B023
 
                 still = gone()
                 if kind == "Pod" and not still and deadline > time.monotonic():
@@ -374,6 +372,12 @@ class Lifecycle:
             return None
         ref = JobRef(namespace, ref.name, existing["metadata"]["uid"])
         return ref, self.delete(ref, wait=wait)
+
+
+def _made(handle: HandleFactory, manifest: dict[str, Any], obj: dict[str, Any], notes: list[str], *, replaced: bool = False) -> Submission:
+    """The submission of the job this launcher created from ``manifest`` (``obj``: as the create returned it)."""
+    ref = JobRef(manifest["metadata"]["namespace"], manifest["metadata"]["name"], obj["metadata"]["uid"])
+    return Submission(handle(ref, obj), adopted=False, replaced=replaced, notes=tuple(notes))
 
 
 class LostCreate(Conflict):

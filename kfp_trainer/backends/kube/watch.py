@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ... import cancel
+from ...cancel import Stop
 from ...errors import InfraError, KfpTrainerError, RejectedError, UserError
 from .api import Gone, NotFound, RetryPolicy, call, translate
 from .apierrors import APIError, TransportError, from_status
@@ -265,7 +265,7 @@ def wait_gone(
     policy: RetryPolicy = RetryPolicy(attempts=3),
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-    cancellable: bool = False,
+    stop: Stop | None = None,
 ) -> list[dict[str, Any]]:
     """Wait (at most ``timeout`` seconds, with one watch) until no object at ``path`` matches.
 
@@ -278,23 +278,23 @@ def wait_gone(
         policy: Retries of the list.
         clock: Injected for tests.
         sleep: Injected for tests.
-        cancellable: A stop signal ends the wait at once (:class:`CancelledError`); a
-            deletion's own wait is not, it runs to its end.
+        stop: A stop token whose request ends the wait at once (:class:`CancelledError`); a
+            deletion's own wait has none, it runs to its end.
 
     Returns:
         The objects still there when the time ran out (empty when all are gone).
 
     Raises:
         KfpTrainerError: The list itself failed (e.g. ForbiddenError).
-        CancelledError: ``cancellable``, and a stop signal came.
+        CancelledError: A stop was requested on ``stop``.
     """
     deadline = clock() + timeout
     present: dict[str, dict[str, Any]] = {}
     version: str | None = None
     failures = 0  # in a row: the pause before the next try grows with them (policy), bounded by the deadline
     while True:
-        if cancellable:
-            cancel.check()
+        if stop is not None:
+            stop.check()
         try:
             if version is None:
                 try:
@@ -309,7 +309,7 @@ def wait_gone(
                 return list(present.values())
             stream = open_stream(api, path, selectors, version, math.ceil(left))
             failures = 0
-            with cancel.closing(stream.shutdown) if cancellable else contextlib.nullcontext():
+            with stop.closing(stream.shutdown) if stop is not None else contextlib.nullcontext():
                 for kind, obj in decode(stream):
                     if kind == "ERROR":
                         _raise_error_event(path, obj)
