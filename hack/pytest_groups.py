@@ -24,6 +24,10 @@ import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# The lines of pytest's short summary that name a failed or erroring test ("-ra" prints them).
+PROBLEM = re.compile(r"^(FAILED|ERROR) ")
+# How many of them are repeated per group at the end, where a CI log's tail shows them.
+MAX_PROBLEMS = 40
 SUMMARY = re.compile(r"\d+ (passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?)\b.* in [\d.]+s")
 # Test files that run clusters of their own (other Trainer releases, Kubernetes 1.32), without the
 # real node: a session of their own beside the one that runs the session cluster and the real node.
@@ -41,6 +45,7 @@ def run(extra: list[str], groups: dict[str, list[str]] = GROUPS, cwd: Path = REP
     width = max(map(len, groups))
     procs: dict[str, subprocess.Popen[str]] = {}
     last_lines: dict[str, list[str]] = {name: [] for name in groups}
+    problems: dict[str, list[str]] = {name: [] for name in groups}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
     def relay(name: str, proc: subprocess.Popen[str]) -> None:
@@ -50,6 +55,8 @@ def run(extra: list[str], groups: dict[str, list[str]] = GROUPS, cwd: Path = REP
                 sys.stdout.write(f"[{name:<{width}}] {line}")
                 sys.stdout.flush()
             last_lines[name] = [*last_lines[name][-40:], line.rstrip("\n")]
+            if PROBLEM.match(line):
+                problems[name].append(line.rstrip("\n")[:300])
 
     threads = []
     for name, args in groups.items():
@@ -67,6 +74,11 @@ def run(extra: list[str], groups: dict[str, list[str]] = GROUPS, cwd: Path = REP
     for t in threads:
         t.join(10)
     print("=" * 30 + " summary of the test groups " + "=" * 30)
+    for name in groups:
+        for line in problems[name][:MAX_PROBLEMS]:
+            print(f"{name}: {line}")
+        if len(problems[name]) > MAX_PROBLEMS:
+            print(f"{name}: ... and {len(problems[name]) - MAX_PROBLEMS} more failed or erroring tests above")
     for name in groups:
         summary = [line for line in last_lines[name] if SUMMARY.search(line)]
         print(f"{name}: exit {codes[name]}: {summary[-1].strip('= ') if summary else '(no summary line)'}")

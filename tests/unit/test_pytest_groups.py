@@ -1,4 +1,4 @@
-"""make test's runner: two pytest sessions side by side; the run fails when either fails."""
+"""make test's runner: pytest sessions side by side; the run fails when any fails."""
 
 from __future__ import annotations
 
@@ -31,3 +31,13 @@ def test_one_failing_group_fails_the_run_and_says_which(tree: Path, capsys: pyte
     out = capsys.readouterr().out
     assert code == 1
     assert "a: exit 0: 2 passed" in out and "b: exit 1: 1 failed" in out
+
+
+def test_failed_tests_are_named_again_at_the_end(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A CI log's tail names the failing tests, not only the counts (the groups' lines interleave above)."""
+    code = pytest_groups.run(["-q", "-ra", "-p", "no:cacheprovider"], {"a": ["test_good.py"], "b": ["test_bad.py"]}, tree)
+    out = capsys.readouterr().out
+    assert code == 1
+    tail = out.split("summary of the test groups", 1)[1]
+    assert "b: FAILED test_bad.py::test_fails" in tail
+    assert "a: FAILED" not in tail
