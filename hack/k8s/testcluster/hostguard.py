@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import socket
+import stat
 import subprocess
 from pathlib import Path
 
@@ -165,6 +167,35 @@ def _iptables_undo(cmd: str, before: list[str], after: list[str]) -> None:
         subprocess.run([binary, "-w", "-t", table, "-X", chain], capture_output=True, timeout=30)
 
 
+def dead_socket(path: Path) -> bool:
+    """Whether ``path`` is a Unix socket nobody listens on (its server died: a shim killed with
+    the machine's processes leaves its socket file behind). A socket in use is not dead."""
+    try:
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            return False
+    except OSError:
+        return False
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(2)
+    try:
+        sock.connect(str(path))
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return False
+
+
+def remove_dead_sockets(path: str) -> None:
+    """Remove the dead Unix sockets under ``path`` (never another file, nor a socket in use)."""
+    for p in Path(path).rglob("*"):
+        if dead_socket(p):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
 def remove_empty_dirs(path: str) -> None:
     """Remove ``path`` and the directories under it, bottom-up, as far as they are empty."""
     subdirs = [p for p in Path(path).rglob("*") if p.is_dir() and not p.is_symlink()]
@@ -200,6 +231,7 @@ def restore(before: dict, roots: tuple[str, ...], links_ours: tuple[str, ...] = 
                 (SYSCTL_ROOT / key).write_text(value)
     for d in HOST_DIRS:
         if d not in before["dirs"] and os.path.isdir(d) and not os.path.islink(d):
+            remove_dead_sockets(d)
             remove_empty_dirs(d)
 
 
@@ -214,5 +246,8 @@ def leftovers(before: dict, roots: tuple[str, ...]) -> list[str]:
         left += [f"{cmd}: {r}" for r in now.get(cmd, []) if r not in old and not r.startswith("*")]
     current = sysctls()
     left += [f"sysctl {k}={current[k]} (was {v})" for k, v in before["sysctls"].items() if current.get(k, v) != v]
-    left += [f"directory {d}" for d in HOST_DIRS if d not in before["dirs"] and os.path.lexists(d)]
+    for d in HOST_DIRS:
+        if d not in before["dirs"] and os.path.lexists(d):
+            held = sorted(str(p) for p in Path(d).rglob("*") if not p.is_dir())[:3] if os.path.isdir(d) else []
+            left.append(f"directory {d}" + (f" (holding {', '.join(held)})" if held else ""))
     return left
