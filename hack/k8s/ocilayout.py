@@ -180,12 +180,39 @@ def remove_older(ref: str, address: str) -> list[str]:
     this, each change of its dependencies would leave another copy on the disk. Layers the
     current image shares stay (containerd collects only what no image references).
     """
-    repository = ref.rsplit(":", 1)[0]
-    listed = ctr(address, "images", "ls", "-q", timeout=60)
-    older = [r for r in listed.stdout.split() if r.rsplit(":", 1)[0] == repository and r != ref]
+    older = older_names(_image_targets(address), ref)
     if older:
         ctr(address, "images", "rm", "--sync", *older, timeout=300)
     return older
+
+
+def older_names(targets: dict[str, str], ref: str) -> list[str]:
+    """The names to remove for ``ref``: its repository's other tags, and the ID names left pointing
+    at no tagged image.
+
+    The CRI plugin also names each image by its ID (``sha256:<config digest>``); that name holds
+    the content as firmly as a tag, so it goes with the last tag that points where it does.
+
+    Example:
+        >>> older_names({"r/t:new": "sha256:b", "sha256:idb": "sha256:b", "r/t:old": "sha256:a",
+        ...              "sha256:ida": "sha256:a", "other:1": "sha256:c", "sha256:idc": "sha256:c"}, "r/t:new")
+        ['r/t:old', 'sha256:ida']
+    """
+    repository = ref.rsplit(":", 1)[0]
+    older = [r for r in targets if not r.startswith("sha256:") and r.rsplit(":", 1)[0] == repository and r != ref]
+    kept = {digest for r, digest in targets.items() if not r.startswith("sha256:") and r not in older}
+    return older + [r for r, digest in targets.items() if r.startswith("sha256:") and digest not in kept]
+
+
+def _image_targets(address: str) -> dict[str, str]:
+    """containerd's image names at ``address`` and the digest each points at."""
+    listed = ctr(address, "images", "ls", timeout=60).stdout.splitlines()
+    targets = {}
+    for line in listed[1:]:  # REF TYPE DIGEST SIZE PLATFORMS LABELS
+        fields = line.split()
+        if len(fields) >= 3 and fields[2].startswith("sha256:"):
+            targets[fields[0]] = fields[2]
+    return targets
 
 
 def prune(layout: Path, keep_tags: Iterable[str]) -> int:

@@ -65,6 +65,24 @@ def _log_tails(c: testcluster.TestCluster, names=None, lines: int = 20) -> str:
     return "\n".join(tails)
 
 
+def _node_state(c: testcluster.TestCluster) -> str:
+    """Each node's taints and its conditions that are not as a healthy node has them: why a pod
+    waits unschedulable ("1 node(s) had untolerated taint(s)" names no taint)."""
+    from kubernetes import client
+
+    healthy = {"Ready": "True"}
+    try:
+        nodes = client.CoreV1Api(c.api_client()).list_node(_request_timeout=10).items
+    except Exception as e:  # noqa: BLE001 - the report says it could not look
+        return f"(nodes not readable: {e!r})"
+    lines = []
+    for n in nodes:
+        taints = [f"{t.key}={t.value or ''}:{t.effect}" for t in n.spec.taints or []]
+        conds = [f"{k.type}={k.status} ({k.reason})" for k in n.status.conditions or [] if k.status != healthy.get(k.type, "False")]
+        lines.append(f"{n.metadata.name}: taints {taints or 'none'}; conditions off {conds or 'none'}")
+    return "\n".join(lines)
+
+
 def uses_cluster(item: pytest.Item) -> bool:
     return "cluster" in getattr(item, "fixturenames", ())
 
@@ -131,6 +149,7 @@ def pytest_runtest_makereport(item, call):
     # The test's own cluster (another Trainer release's, test_trainer_versions.py) or the session's.
     used = getattr(item, "funcargs", {}).get("cluster") or _CLUSTER
     if report.failed and used is not None and "cluster" in getattr(item, "fixturenames", ()):
+        report.sections.append(("nodes", _node_state(used)))
         report.sections.append(("control plane logs", _log_tails(used, _REPORTED_LOGS)))
 
 

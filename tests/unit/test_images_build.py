@@ -140,3 +140,24 @@ def test_prune_keeps_the_blobs_of_the_kept_tags_only(tmp_path):
     kept = {p.name for p in (tmp_path / "blobs" / "sha256").iterdir()}
     assert kept == {d.split(":")[1] for d in (digest, new["config"]["digest"], *(layer["digest"] for layer in new["layers"]))}
     assert old["layers"][0]["digest"].split(":")[1] in kept  # shared with the kept image
+
+
+def test_an_import_removes_the_older_tags_and_the_id_names_they_leave_unused() -> None:
+    """containerd's CRI plugin names each image by its ID too; an old build's ID name kept its
+    gigabytes on the real node after its tag went."""
+    targets = {
+        "kfp-trainer.local/kfp-trainer-trainer:new": "sha256:m2",
+        "sha256:id2": "sha256:m2",
+        "kfp-trainer.local/kfp-trainer-trainer:old": "sha256:m1",
+        "sha256:id1": "sha256:m1",
+        "sha256:id0": "sha256:m0",  # an earlier build whose tag went before this rule
+        "kfp-trainer.local/kfp-trainer:c": "sha256:c1",
+        "sha256:idc": "sha256:c1",
+    }
+    older = ocilayout.older_names(targets, "kfp-trainer.local/kfp-trainer-trainer:new")
+    assert sorted(older) == ["kfp-trainer.local/kfp-trainer-trainer:old", "sha256:id0", "sha256:id1"]
+    # an ID name shared with another repository's tag stays
+    assert ocilayout.older_names({**targets, "mirror/trainer:x": "sha256:m1"}, "kfp-trainer.local/kfp-trainer-trainer:new") == [
+        "kfp-trainer.local/kfp-trainer-trainer:old",
+        "sha256:id0",
+    ]
