@@ -119,7 +119,7 @@ def build_payload(
     eta = _int32(estimated_remaining_seconds, 0, INT32_MAX)
     if eta is not None:
         status["estimatedRemainingSeconds"] = eta
-    items = []
+    items: list[dict[str, str]] = []
     for name, value in (metrics or {}).items():
         n, v = _text(name), _text(value)
         if n and v and len(items) < MAX_METRICS:

@@ -143,10 +143,10 @@ class LocalBackend(Backend):
         ref = JobRef(namespace, manifest["metadata"]["name"])
         directory = self.job_dir(ref)
         workspace = directory / "workspace"
-        runtime = self._runtime_doc(manifest)
-        if local_torchtune.is_torchtune(runtime):
+        runtime_doc = self._runtime_doc(manifest)
+        if local_torchtune.is_torchtune(runtime_doc):
             local_torchtune.check_available(manifest["spec"]["runtimeRef"]["name"])
-        command = trainer_command(manifest, runtime, workspace)  # fails before anything starts
+        command = trainer_command(manifest, runtime_doc, workspace)  # fails before anything starts
         existing = read_json(directory / "trainjob.json")
         replaced = False
         notes: list[str] = []

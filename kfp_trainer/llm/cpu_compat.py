@@ -80,7 +80,7 @@ def apply() -> list[str]:
     from torchtune.training import memory
 
     for module in (training, memory):
-        module.get_memory_stats = _memory_stats  # type: ignore[attr-defined]
+        module.get_memory_stats = _memory_stats
     applied.append("torchtune.training.get_memory_stats: peak RSS on CPU")
     return applied
 

@@ -63,7 +63,7 @@ _DIMS = {"num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "embed_dim": 64, "i
 #: QLoRA quantizes every frozen linear to NF4 in blocks of 64 x 256 values: each weight needs a
 #: multiple of 16,384 elements, which dim 64 with grouped-query attention cannot give.
 QLORA_DIMS = {"num_layers": 2, "num_heads": 4, "num_kv_heads": 4, "embed_dim": 128, "intermediate_dim": 256, "max_seq_len": 512}
-_QWEN = {
+_QWEN: dict[str, Any] = {
     "builder": "torchtune.models.qwen2.qwen2",
     "lora_builder": "torchtune.models.qwen2.lora_qwen2",
     "model_type": "QWEN2",
@@ -73,7 +73,7 @@ _QWEN = {
     "norm_eps": 1e-6,
     "rope_base": 1_000_000.0,
 }
-_LLAMA = {
+_LLAMA: dict[str, Any] = {
     "builder": "torchtune.models.llama3_2.llama3_2",
     "lora_builder": "torchtune.models.llama3_2.lora_llama3_2",
     "model_type": "LLAMA3_2",

@@ -51,10 +51,10 @@ _MAX_IDENTITY = 1024
 
 def _check_volumes(inputs: TrainJobInputs, allow_host_access: bool | None) -> list[ValidationError]:
     errors: list[ValidationError] = []
-    names = set()
+    names: set[str] = set()
     for i, volume in enumerate(inputs.volumes):
         name = volume.get("name")
-        if not rules.ok(rules.DNS_LABEL, name, 63):
+        if not isinstance(name, str) or not rules.ok(rules.DNS_LABEL, name, 63):
             errors.append(ValidationError(f"volumes[{i}].name", name, "a DNS label naming the volume"))
             continue
         names.add(name)

@@ -374,13 +374,13 @@ def diagnose(api: ApiClient, ref: JobRef, *, tail: int = 40, created: str = "", 
         events = list(found.get("items") or [])
     except UserError:
         events = []
-    related = sorted((e for e in events if belongs(e, ref, created)), key=event_time)
+    related = sorted((event for event in events if belongs(event, ref, created)), key=event_time)
     grouped: dict[tuple[str, str, str, str], tuple[str, int]] = {}  # the same complaint once, with a count
-    for e in related:
-        obj = e.get("involvedObject") or {}
-        key = (str(e.get("type") or ""), str(e.get("reason") or ""), str(obj.get("kind") or ""), str(obj.get("name") or ""))
+    for event in related:
+        obj = event.get("involvedObject") or {}
+        key = (str(event.get("type") or ""), str(event.get("reason") or ""), str(obj.get("kind") or ""), str(obj.get("name") or ""))
         _, count = grouped.pop(key, ("", 0))
-        grouped[key] = (str(e.get("message") or ""), count + int(e.get("count") or 1))
+        grouped[key] = (str(event.get("message") or ""), count + int(event.get("count") or 1))
     if grouped:
         parts.append(
             "Recent events:\n"
