@@ -181,7 +181,7 @@ class Collector:
 
     def delete(self, candidate: Candidate) -> str:
         """Delete one garbage TrainJob (background propagation, only that uid); what happened."""
-        from .backends.base import JobRef
+        from .jobstatus import JobRef
 
         ref = JobRef(candidate.namespace, candidate.name, candidate.uid)
         left = self.lifecycle.delete(ref, wait=0.0, tree=False)

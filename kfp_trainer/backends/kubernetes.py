@@ -25,7 +25,8 @@ from .kube import discovery
 from .kube.api import RetryPolicy
 from .kube.discovery import load_api_client
 from .kube.job import JobSettings, KubeJob, delete_job
-from .kube.lifecycle import Lifecycle, leftovers_message
+from .kube.leftovers import leftovers_message
+from .kube.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from .kube.client import Client as ApiClient

@@ -65,7 +65,8 @@ def remove_job(directory: Path, supervised: Supervised | None, *, wait: float = 
 def read_json(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``; None when it is missing or half written."""
     try:
-        return json.loads(path.read_text())
+        found: dict[str, Any] | None = json.loads(path.read_text())
+        return found
     except (OSError, ValueError):
         return None
 

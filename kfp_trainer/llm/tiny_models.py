@@ -164,7 +164,7 @@ def _hf_config(arch: TinyArchitecture) -> dict[str, object]:
     return cfg
 
 
-def _hf_state_dict(arch: TinyArchitecture, seed: int) -> dict:
+def _hf_state_dict(arch: TinyArchitecture, seed: int) -> dict[str, Any]:
     import torch
     from torchtune import config as tt_config
     from torchtune.models import convert_weights
@@ -176,9 +176,12 @@ def _hf_state_dict(arch: TinyArchitecture, seed: int) -> dict:
         model.tok_embeddings.weight.normal_(mean=0.0, std=0.02)
     sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     d = arch.dims
+    hf: dict[str, Any]
     if arch.model_type == "QWEN2":
-        return qwen2_tune_to_hf(sd, num_heads=d["num_heads"], num_kv_heads=d["num_kv_heads"], dim=d["embed_dim"], tie_word_embeddings=True)
-    return convert_weights.tune_to_hf(sd, num_heads=d["num_heads"], num_kv_heads=d["num_kv_heads"], dim=d["embed_dim"])
+        hf = qwen2_tune_to_hf(sd, num_heads=d["num_heads"], num_kv_heads=d["num_kv_heads"], dim=d["embed_dim"], tie_word_embeddings=True)
+    else:
+        hf = convert_weights.tune_to_hf(sd, num_heads=d["num_heads"], num_kv_heads=d["num_kv_heads"], dim=d["embed_dim"])
+    return hf
 
 
 def write_model(model_dir: str | Path, arch: TinyArchitecture, *, seed: int = 0) -> Path:

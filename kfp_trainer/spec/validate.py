@@ -10,7 +10,7 @@ is allowed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import naming
@@ -173,8 +173,11 @@ def _check_identity(inputs: TrainJobInputs) -> list[ValidationError]:
     e += rules.check_dns_name("namespace", inputs.namespace, "namespace", label=True)
     for field in ("run_id", "task_name", "pipeline_name", "task_id"):
         e += rules.check_text(field, getattr(inputs, field), max_bytes=_MAX_IDENTITY)
-    for check, value in ((lambda v: naming.check_name(v, naming.DNS_LABEL_MAX), inputs.name),
-                         (lambda v: naming.trainjob_name(run_id="", task_name="", prefix=v), inputs.name_prefix)):  # fmt: skip
+    checks: tuple[tuple[Callable[[str], object], str | None], ...] = (
+        (lambda v: naming.check_name(v, naming.DNS_LABEL_MAX), inputs.name),
+        (lambda v: naming.trainjob_name(run_id="", task_name="", prefix=v), inputs.name_prefix),
+    )
+    for check, value in checks:
         if value:
             try:
                 check(value)

@@ -227,7 +227,8 @@ def model_metadata(model_dir: str | Path, **known: Any) -> dict[str, Any]:
         if key in info:
             meta[key] = info[key]
     meta.update({k: v for k, v in known.items() if v not in (None, "")})
-    return scrub(meta)  # e.g. a base model URI with credentials, from an upstream artifact
+    scrubbed: dict[str, Any] = scrub(meta)  # e.g. a base model URI with credentials, from an upstream artifact
+    return scrubbed
 
 
 

@@ -120,7 +120,8 @@ def predict(model: Any, x: Any) -> list[int]:
     import torch
 
     with torch.no_grad():
-        return model(torch.as_tensor(x)).argmax(dim=1).tolist()
+        predicted: list[int] = model(torch.as_tensor(x)).argmax(dim=1).tolist()
+        return predicted
 
 
 def _evaluate(model: Any, x: Any, y: Any) -> tuple[float, float]:

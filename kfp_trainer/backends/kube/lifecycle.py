@@ -73,7 +73,7 @@ class Lifecycle:
         def attempt(*args: Any, **kwargs: Any) -> dict[str, Any]:
             stop.check()  # before each attempt: a cancel after an unanswered one is reclaimed by the caller
             attempts.append(1)
-            created = self.api.request(*args, **kwargs)  # a stop signal waits for the answer
+            created: dict[str, Any] = self.api.request(*args, **kwargs)  # a stop signal waits for the answer
             stop.check()  # then the caller finds the job by name and deletes it
             return created
 

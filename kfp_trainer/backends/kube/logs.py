@@ -72,7 +72,8 @@ def container_status(pod: dict[str, Any]) -> dict[str, Any]:
     """The trainer container's status in ``pod`` (empty when not reported yet)."""
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         if status.get("name") == CONTAINER:
-            return status
+            found: dict[str, Any] = status
+            return found
     return {}
 
 

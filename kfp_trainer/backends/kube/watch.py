@@ -109,7 +109,8 @@ def open_stream(api: ApiClient, path: str, selectors: list[tuple[str, str]], res
         ("resourceVersion", resource_version),
         ("timeoutSeconds", max(1, int(timeout_seconds))),
     ]
-    return api.request("GET", path, query=query, timeout=(10, timeout_seconds + 15), stream=True)
+    stream: Stream = api.request("GET", path, query=query, timeout=(10, timeout_seconds + 15), stream=True)
+    return stream
 
 
 def decode(stream: Stream) -> Iterator[Event]:
