@@ -46,6 +46,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -302,7 +303,7 @@ class LocalBackend(Backend):
         return None
 
 
-def _recorded(directory: Path, obj: dict[str, Any]) -> bool:
+def _recorded(directory: Path, obj: Mapping[str, Any]) -> bool:
     """Whether the job's record is still there (not removed, nor replaced by another job's)."""
     path = directory / "trainjob.json"
     if not path.exists():  # written by rename: it never disappears while it is rewritten
