@@ -103,6 +103,7 @@ class PodStatus(TypedDict, total=False):
     message: str
     conditions: list[Condition]
     containerStatuses: list[ContainerStatus]
+    initContainerStatuses: list[ContainerStatus]
 
 
 class Pod(TypedDict, total=False):
