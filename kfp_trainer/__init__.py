@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .spec import TrainJobInputs, build_trainjob, render
+    from .spec.inputs import TrainJobInputs
+    from .spec.render import build_trainjob, render
 
 __all__ = ["TrainJobInputs", "build_trainjob", "render"]
 __version__ = "0.1.0"

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .kube_types import TrainJob
 from .timestamps import parse_timestamp
 from .timing import duration
 
@@ -99,7 +100,7 @@ class Collector:
         self.lifecycle = Lifecycle(api, policy=self.policy)
         self._workflows: dict[tuple[str, str], dict[str, Any] | None | bool] = {}
 
-    def trainjobs(self, namespace: str | None) -> list[dict[str, Any]]:
+    def trainjobs(self, namespace: str | None) -> list[TrainJob]:
         """kfp-trainer's TrainJobs in ``namespace`` (all namespaces when None)."""
         from .backends.kube.api import call
         from .spec import GROUP, PLURAL, VERSION
@@ -138,7 +139,7 @@ class Collector:
                 self._workflows[key] = False
         return self._workflows[key]
 
-    def inspect(self, job: dict[str, Any]) -> Candidate:
+    def inspect(self, job: TrainJob) -> Candidate:
         """What gc makes of one TrainJob."""
         from .backends import owner
         from .backends.base import trainjob_status
@@ -181,7 +182,7 @@ class Collector:
 
     def delete(self, candidate: Candidate) -> str:
         """Delete one garbage TrainJob (background propagation, only that uid); what happened."""
-        from .backends.base import JobRef
+        from .jobstatus import JobRef
 
         ref = JobRef(candidate.namespace, candidate.name, candidate.uid)
         left = self.lifecycle.delete(ref, wait=0.0, tree=False)

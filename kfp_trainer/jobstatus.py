@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+
+from .kube_types import TrainJobStatus
 
 
 class Phase(str, enum.Enum):
@@ -50,4 +51,4 @@ class JobStatus:
     phase: Phase
     reason: str = ""
     message: str = ""
-    raw: dict[str, Any] = field(default_factory=dict)  # the object's status, as stored
+    raw: TrainJobStatus = field(default_factory=lambda: TrainJobStatus())  # the object's status, as stored

@@ -49,6 +49,7 @@ from .backends.deletion import RETRY
 from .cancel import Stop
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
 from .jobstatus import JobRef, JobStatus, Phase
+from .kube_types import TrainJobStatus
 from .metrics import MetricSeries, from_trainer_status
 from .prepare import PreparedJob
 from .relay import Printer
@@ -90,7 +91,7 @@ class Outcome:
     api_version: str = ""
     metrics: MetricSeries = field(default_factory=MetricSeries)
     timeline: list[tuple[float, str]] = field(default_factory=list)  # (unix time, event)
-    status: dict[str, Any] = field(default_factory=dict)
+    status: TrainJobStatus = field(default_factory=lambda: TrainJobStatus())
     log_lines: int = 0
     times: dict[str, float] = field(default_factory=dict)  # seconds queued, starting, running (:mod:`kfp_trainer.timing`)
     queue: str = ""  # the Kueue LocalQueue the job was submitted to

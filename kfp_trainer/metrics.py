@@ -27,6 +27,7 @@ import ast
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -102,7 +103,7 @@ def parse_line(line: str) -> list[MetricPoint]:
     return _from_mapping(data)
 
 
-def from_trainer_status(status: dict[str, Any] | None) -> list[MetricPoint]:
+def from_trainer_status(status: Mapping[str, Any] | None) -> list[MetricPoint]:
     """Points from a TrainJob's ``status.trainerStatus.metrics`` (values are strings there)."""
     points = []
     for item in ((status or {}).get("trainerStatus") or {}).get("metrics") or []:

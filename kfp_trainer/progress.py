@@ -57,6 +57,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 ENV_URL = "KUBEFLOW_TRAINER_SERVER_URL"
 ENV_CA_CERT = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
@@ -70,7 +71,7 @@ INT32_MAX = 2**31 - 1
 log = logging.getLogger(__name__)
 
 #: ``send(url, body, headers, ca_file, timeout) -> (HTTP status, response text)``.
-Transport = Callable[[str, bytes, dict, "str | None", float], "tuple[int, str]"]
+Transport = Callable[[str, bytes, "dict[str, str]", "str | None", float], "tuple[int, str]"]
 
 
 def token_audience(namespace: str, name: str) -> str:
@@ -105,7 +106,7 @@ def build_payload(
     metrics: Mapping[str, object] | None = None,
     *,
     now: float | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The ``UpdateTrainJobStatusRequest`` body, clamped and trimmed to what the server accepts.
 
     Progress is rounded into 0..100 and the ETA into 0..2^31-1 seconds (non-finite values are
@@ -119,7 +120,7 @@ def build_payload(
     eta = _int32(estimated_remaining_seconds, 0, INT32_MAX)
     if eta is not None:
         status["estimatedRemainingSeconds"] = eta
-    items = []
+    items: list[dict[str, str]] = []
     for name, value in (metrics or {}).items():
         n, v = _text(name), _text(value)
         if n and v and len(items) < MAX_METRICS:
@@ -149,7 +150,7 @@ class StatusTarget:
         return cls(url=url, ca_file=env.get(ENV_CA_CERT) or None, token_file=env.get(ENV_TOKEN) or None)
 
 
-def urllib_transport(url: str, body: bytes, headers: dict, ca_file: str | None, timeout: float) -> tuple[int, str]:
+def urllib_transport(url: str, body: bytes, headers: dict[str, str], ca_file: str | None, timeout: float) -> tuple[int, str]:
     """POST ``body`` with urllib; TLS verified against ``ca_file`` (else the system CAs)."""
     context = ssl.create_default_context(cafile=ca_file) if url.startswith("https:") else None
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")

@@ -34,6 +34,7 @@ from typing import Any
 from ..cancel import Stop
 from ..errors import OwnershipError
 from ..jobstatus import JobRef, JobStatus, Phase
+from ..kube_types import TrainJob, TrainJobStatus
 from ..spec import ALLOW_HOST_ACCESS_ANNOTATION, LABEL_DIGEST, LABEL_RUN, LABEL_TASK, ApiVersion, TrainJobInputs, dig
 from .deletion import deleted_status
 
@@ -139,7 +140,7 @@ class LogLine:
 LogSink = Callable[[LogLine], None]
 
 
-def trainjob_status(obj: dict[str, Any] | None, trainer_job: str = "node") -> JobStatus:
+def trainjob_status(obj: TrainJob | None, trainer_job: str = "node") -> JobStatus:
     """Classify a stored TrainJob: finished, deleted, suspended, running or pending.
 
     A job that finished (Failed or Complete) keeps that end even while it is being deleted;
@@ -151,7 +152,7 @@ def trainjob_status(obj: dict[str, Any] | None, trainer_job: str = "node") -> Jo
         ...     {"type": "Failed", "status": "True", "reason": "FailedJobs", "message": "x"}]}}).phase
         <Phase.FAILED: 'Failed'>
     """
-    status = (obj or {}).get("status") or {}
+    status = (obj or {}).get("status") or TrainJobStatus()
     conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
     for kind, phase in (("Failed", Phase.FAILED), ("Complete", Phase.SUCCEEDED)):
         if kind in conditions:
@@ -281,7 +282,7 @@ class Backend(abc.ABC):
         return None
 
 
-def check_ownership(manifest: dict[str, Any], existing: dict[str, Any], *, remedy: str) -> None:
+def check_ownership(manifest: dict[str, Any], existing: TrainJob, *, remedy: str) -> None:
     """Raise :class:`OwnershipError` unless ``existing`` was created by the task that rendered ``manifest``.
 
     The run, the task and the inputs digest must all match: the same name from another run,

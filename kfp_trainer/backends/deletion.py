@@ -18,9 +18,11 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..jobstatus import JobStatus, Phase
+from ..kube_types import TrainJob, TrainJobStatus
 from ..timestamps import parse_timestamp
 
 DELETED_WHILE_RUNNING = "DeletedWhileRunning"
@@ -45,12 +47,12 @@ def propagation(finalizers: list[str]) -> str:
     return "background"
 
 
-def deletion_time(obj: dict[str, Any] | None) -> str:
+def deletion_time(obj: TrainJob | None) -> str:
     """The TrainJob's ``metadata.deletionTimestamp`` (RFC 3339), or "" when it is not being deleted."""
     return str(((obj or {}).get("metadata") or {}).get("deletionTimestamp") or "")
 
 
-def deleted_status(obj: dict[str, Any] | None) -> JobStatus | None:
+def deleted_status(obj: TrainJob | None) -> JobStatus | None:
     """The status of a TrainJob that is gone (``obj`` None) or being deleted; None when it is neither.
 
     The message says how it is being deleted (the propagation, the finalizers that hold it)
@@ -81,10 +83,10 @@ def deleted_status(obj: dict[str, Any] | None) -> JobStatus | None:
     held = [f for f in finalizers if f not in (FOREGROUND_FINALIZER, ORPHAN_FINALIZER)]
     if held:
         what += f"; finalizers {', '.join(held)} hold it until their controllers remove them"
-    return JobStatus(Phase.DELETED, DELETED_WHILE_RUNNING, f"{what} ({WHO}: {AUDIT})", dict(obj.get("status") or {}))
+    return JobStatus(Phase.DELETED, DELETED_WHILE_RUNNING, f"{what} ({WHO}: {AUDIT})", TrainJobStatus(**(obj.get("status") or {})))
 
 
-def made_before(pod: dict[str, Any], deleted_at: str) -> bool:
+def made_before(pod: Mapping[str, Any], deleted_at: str) -> bool:
     """Whether ``pod`` was made before its TrainJob's deletion began (``deleted_at``; "" = not being deleted).
 
     A TrainJob held by a finalizer (foreground propagation) can have its JobSet re-created by

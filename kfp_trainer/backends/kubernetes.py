@@ -19,13 +19,15 @@ from typing import TYPE_CHECKING, Any
 from ..cancel import Stop
 from ..errors import KfpTrainerError
 from ..jobstatus import JobRef
+from ..kube_types import TrainJob
 from ..spec import ApiVersion, TrainJobInputs
 from .base import Backend, RuntimeInfo, Submission
 from .kube import discovery
 from .kube.api import RetryPolicy
 from .kube.discovery import load_api_client
 from .kube.job import JobSettings, KubeJob, delete_job
-from .kube.lifecycle import Lifecycle, leftovers_message
+from .kube.leftovers import leftovers_message
+from .kube.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from .kube.client import Client as ApiClient
@@ -126,7 +128,7 @@ class KubernetesBackend(Backend):
         """
         namespace = manifest["metadata"].get("namespace") or self.default_namespace()
 
-        def handle(ref: JobRef, known: dict[str, Any]) -> KubeJob:
+        def handle(ref: JobRef, known: TrainJob) -> KubeJob:
             return KubeJob(ref, api=self.api, lifecycle=self.lifecycle, settings=self.job_settings, runtime=runtime, known=known)
 
         return self.lifecycle.submit(manifest, namespace, handle=handle, stop=stop)

@@ -46,6 +46,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -143,10 +144,10 @@ class LocalBackend(Backend):
         ref = JobRef(namespace, manifest["metadata"]["name"])
         directory = self.job_dir(ref)
         workspace = directory / "workspace"
-        runtime = self._runtime_doc(manifest)
-        if local_torchtune.is_torchtune(runtime):
+        runtime_doc = self._runtime_doc(manifest)
+        if local_torchtune.is_torchtune(runtime_doc):
             local_torchtune.check_available(manifest["spec"]["runtimeRef"]["name"])
-        command = trainer_command(manifest, runtime, workspace)  # fails before anything starts
+        command = trainer_command(manifest, runtime_doc, workspace)  # fails before anything starts
         existing = read_json(directory / "trainjob.json")
         replaced = False
         notes: list[str] = []
@@ -302,7 +303,7 @@ class LocalBackend(Backend):
         return None
 
 
-def _recorded(directory: Path, obj: dict[str, Any]) -> bool:
+def _recorded(directory: Path, obj: Mapping[str, Any]) -> bool:
     """Whether the job's record is still there (not removed, nor replaced by another job's)."""
     path = directory / "trainjob.json"
     if not path.exists():  # written by rename: it never disappears while it is rewritten

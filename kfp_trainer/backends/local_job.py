@@ -15,12 +15,13 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..cancel import TICK
 from ..jobstatus import JobRef, JobStatus, Phase
+from ..kube_types import TrainJob
 from .base import Blocker, JobHandle, LogLine, LogSink, trainjob_status
 from .procs import ProcessId, kill_process, kill_tree
 
@@ -62,21 +63,25 @@ def remove_job(directory: Path, supervised: Supervised | None, *, wait: float = 
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``; None when it is missing or half written."""
+def read_json(path: Path) -> TrainJob | None:
+    """The TrainJob in the state file ``path``; None when it is missing or half written.
+
+    Its ``status`` also holds this backend's own fields: ``supervisor``, ``processes`` and ``exitCodes``.
+    """
     try:
-        return json.loads(path.read_text())
+        found: TrainJob | None = json.loads(path.read_text())
+        return found
     except (OSError, ValueError):
         return None
 
 
-def node_processes(status: dict[str, Any]) -> list[ProcessId]:
+def node_processes(status: Mapping[str, Any]) -> list[ProcessId]:
     """The job's node processes (pid and start time; bare pids from older state files)."""
     found = [ProcessId.from_json(v) for v in status.get("processes") or status.get("pids") or []]
     return [p for p in found if p is not None]
 
 
-def orphaned(obj: dict[str, Any]) -> ProcessId | None:
+def orphaned(obj: TrainJob) -> ProcessId | None:
     """The dead supervisor of an unfinished job (nobody will ever record its end), else None."""
     if trainjob_status(obj).phase.finished:
         return None
@@ -173,7 +178,8 @@ class LocalJob(JobHandle):
     def diagnose(self, *, tail: int = 40) -> str:
         """Exit codes of the nodes and the last lines of the first failing node's log."""
         obj = read_json(self.dir / "trainjob.json") or {}
-        codes = (obj.get("status") or {}).get("exitCodes") or {}
+        status: Mapping[str, Any] = obj.get("status") or {}  # with this backend's own fields
+        codes = status.get("exitCodes") or {}
         parts = []
         if codes:
             parts.append("Nodes:\n" + "\n".join(f"  node-{n}: exit {c}" for n, c in sorted(codes.items())))

@@ -76,7 +76,8 @@ def node_container(runtime: dict[str, Any]) -> dict[str, Any]:
         if rj.get("name") == "node":
             for c in dig(rj, "template", "spec", "template", "spec", "containers") or []:
                 if c.get("name") == "node":
-                    return c
+                    container: dict[str, Any] = c
+                    return container
     return {}
 
 

@@ -128,7 +128,7 @@ def node_command(
 
     trainer = (manifest.get("spec") or {}).get("trainer") or {}
     name = (manifest.get("metadata") or {}).get("name") or "local"
-    common = {"procs_per_node": _procs_per_node(trainer), "master_port": master_port, "job_name": name}
+    common: dict[str, Any] = {"procs_per_node": _procs_per_node(trainer), "master_port": master_port, "job_name": name}
     probe = local_tune.local_tune_command(runtime, trainer, str(workspace), **common)
     extra = tiny_models.overrides_for(workspace / "model", probe.config)
     cmd = local_tune.local_tune_command(

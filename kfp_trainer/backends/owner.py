@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ def annotate(manifest: dict[str, Any], identity: dict[str, Any] | None = None) -
     return {**manifest, "metadata": metadata}
 
 
-def parse(obj: dict[str, Any]) -> dict[str, Any] | None:
+def parse(obj: Mapping[str, Any]) -> dict[str, Any] | None:
     """The launcher identity recorded on a stored TrainJob, or None."""
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION)
     try:

@@ -65,7 +65,7 @@ _counter = itertools.count()
 def _declared_by(decorator: ast.expr, func: Callable) -> bool:
     """Whether ``decorator`` (as written above ``func``) is :func:`trainjob_component`."""
     node = decorator.func if isinstance(decorator, ast.Call) else decorator
-    path = []
+    path: list[str] = []
     while isinstance(node, ast.Attribute):
         path.insert(0, node.attr)
         node = node.value

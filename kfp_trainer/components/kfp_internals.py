@@ -71,7 +71,8 @@ def unique_task_name(component_name: str) -> str:
     """The name KFP gives the next task of a component named ``component_name`` in the pipeline being built."""
     pipeline = default_pipeline()
     name = utils.maybe_rename_for_k8s(component_name)
-    return utils.make_name_unique_by_adding_index(name, list(pipeline.tasks) if pipeline else [], "-")
+    unique: str = utils.make_name_unique_by_adding_index(name, list(pipeline.tasks) if pipeline else [], "-")
+    return unique
 
 
 def inputs_of(component: Any) -> dict[str, Any]:

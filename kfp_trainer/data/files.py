@@ -132,7 +132,8 @@ def _read_arrow_table(path: Path) -> list[dict[str, Any]]:
                     table = pa.ipc.open_file(source).read_all()
     except (pa.ArrowException, OSError) as e:
         raise DatasetError(f"{path.name}: cannot be read as {path.suffix[1:]} ({type(e).__name__})") from None
-    return table.to_pylist()
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
 
 
 def columns_of(rows: list[dict[str, Any]]) -> list[str]:

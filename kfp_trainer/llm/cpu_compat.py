@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 #: Set to ``1`` in a trainer process's environment to apply the patches at interpreter start.
 ENV_FLAG = "KFP_TRAINER_TORCHTUNE_CPU_COMPAT"
@@ -39,7 +40,7 @@ def cpu_backend(backend: str) -> str:
     return ",".join(kept) or "gloo"
 
 
-def _memory_stats(device=None, reset_stats: bool = True) -> dict[str, float]:
+def _memory_stats(device: Any = None, reset_stats: bool = True) -> dict[str, float]:
     """CPU stand-in for ``torchtune.training.get_memory_stats``: the process's peak RSS in GiB."""
     import resource
 
@@ -61,7 +62,7 @@ def apply() -> list[str]:
     original = c10d.init_process_group
     if not getattr(original, "_kfp_trainer_cpu", False):
 
-        def init_process_group(backend=None, *args, **kwargs):
+        def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
             if isinstance(backend, str) and "nccl" in backend:
                 backend = cpu_backend(backend)
             return original(backend, *args, **kwargs)
@@ -80,7 +81,7 @@ def apply() -> list[str]:
     from torchtune.training import memory
 
     for module in (training, memory):
-        module.get_memory_stats = _memory_stats  # type: ignore[attr-defined]
+        module.get_memory_stats = _memory_stats
     applied.append("torchtune.training.get_memory_stats: peak RSS on CPU")
     return applied
 

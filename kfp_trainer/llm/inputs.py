@@ -37,6 +37,7 @@ from kfp_trainer.spec.resources import fractional_devices, is_requirements, whol
 LOSSES = ("torchtune.modules.loss.CEWithChunkedOutputLoss",)
 DATA_FORMATS = ("json", "csv", "parquet", "arrow", "text", "xml")
 LORA_ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "output_proj")
+LoraAttnModule = Literal["q_proj", "k_proj", "v_proj", "output_proj"]
 #: The SDK's default ``ignore_patterns`` of model initializers (weights in other formats).
 MODEL_IGNORE_PATTERNS = ("*.msgpack", "*.h5", "*.bin", "*.pt", "*.pth")
 RESERVED_ENV_PREFIXES = ("PET_", "DMLC_", "OMPI_MCA_")
@@ -106,14 +107,16 @@ def _milli(d: Decimal) -> str:
     return f"{int(d * 1000)}m"
 
 
+def _default_lora_attn_modules() -> list[LoraAttnModule]:
+    return ["q_proj", "v_proj", "output_proj"]
+
+
 class LoraSettings(_Strict):
     """LoRA / QLoRA / DoRA settings (SDK ``LoraConfig``); ``None`` keeps the runtime config's value."""
 
     apply_lora_to_mlp: bool | None = None
     apply_lora_to_output: bool | None = None
-    lora_attn_modules: list[Literal["q_proj", "k_proj", "v_proj", "output_proj"]] = Field(
-        default_factory=lambda: ["q_proj", "v_proj", "output_proj"]
-    )
+    lora_attn_modules: list[LoraAttnModule] = Field(default_factory=_default_lora_attn_modules)
     lora_rank: int | None = Field(default=None, ge=1)
     lora_alpha: int | float | None = Field(default=None, gt=0)
     # int kept as int: the SDK writes the value as given (``lora_dropout=0`` -> ``model.lora_dropout=0``)

@@ -22,9 +22,9 @@ import base64
 import dataclasses
 import json
 import random
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 #: Written next to the weights: what :func:`tiny_model_overrides` needs to rebuild the model.
 MARKER_FILE = "kfp_trainer_tiny_model.json"
@@ -63,7 +63,7 @@ _DIMS = {"num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "embed_dim": 64, "i
 #: QLoRA quantizes every frozen linear to NF4 in blocks of 64 x 256 values: each weight needs a
 #: multiple of 16,384 elements, which dim 64 with grouped-query attention cannot give.
 QLORA_DIMS = {"num_layers": 2, "num_heads": 4, "num_kv_heads": 4, "embed_dim": 128, "intermediate_dim": 256, "max_seq_len": 512}
-_QWEN = {
+_QWEN: dict[str, Any] = {
     "builder": "torchtune.models.qwen2.qwen2",
     "lora_builder": "torchtune.models.qwen2.lora_qwen2",
     "model_type": "QWEN2",
@@ -73,7 +73,7 @@ _QWEN = {
     "norm_eps": 1e-6,
     "rope_base": 1_000_000.0,
 }
-_LLAMA = {
+_LLAMA: dict[str, Any] = {
     "builder": "torchtune.models.llama3_2.llama3_2",
     "lora_builder": "torchtune.models.llama3_2.lora_llama3_2",
     "model_type": "LLAMA3_2",
@@ -164,7 +164,7 @@ def _hf_config(arch: TinyArchitecture) -> dict[str, object]:
     return cfg
 
 
-def _hf_state_dict(arch: TinyArchitecture, seed: int) -> dict:
+def _hf_state_dict(arch: TinyArchitecture, seed: int) -> dict[str, Any]:
     import torch
     from torchtune import config as tt_config
     from torchtune.models import convert_weights
@@ -176,9 +176,12 @@ def _hf_state_dict(arch: TinyArchitecture, seed: int) -> dict:
         model.tok_embeddings.weight.normal_(mean=0.0, std=0.02)
     sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     d = arch.dims
+    hf: dict[str, Any]
     if arch.model_type == "QWEN2":
-        return qwen2_tune_to_hf(sd, num_heads=d["num_heads"], num_kv_heads=d["num_kv_heads"], dim=d["embed_dim"], tie_word_embeddings=True)
-    return convert_weights.tune_to_hf(sd, num_heads=d["num_heads"], num_kv_heads=d["num_kv_heads"], dim=d["embed_dim"])
+        hf = qwen2_tune_to_hf(sd, num_heads=d["num_heads"], num_kv_heads=d["num_kv_heads"], dim=d["embed_dim"], tie_word_embeddings=True)
+    else:
+        hf = convert_weights.tune_to_hf(sd, num_heads=d["num_heads"], num_kv_heads=d["num_kv_heads"], dim=d["embed_dim"])
+    return hf
 
 
 def write_model(model_dir: str | Path, arch: TinyArchitecture, *, seed: int = 0) -> Path:
@@ -207,62 +210,44 @@ def write_model(model_dir: str | Path, arch: TinyArchitecture, *, seed: int = 0)
 # --- tokenizers -------------------------------------------------------------------------------
 
 
-def _train_merges(texts: list[str], pattern: str, num_merges: int) -> list[tuple[bytes, bytes]]:
-    """Greedy byte-level BPE: the most frequent adjacent pair, merged ``num_merges`` times."""
-    import regex
+def _train_bpe(texts: list[str], pattern: str, num_merges: int) -> Any:
+    """A byte-level BPE learnt by the ``tokenizers`` library: text split by ``pattern``, then bytes.
 
-    words = Counter(tuple(bytes([b]) for b in w.encode()) for t in texts for w in regex.findall(pattern, t))
-    merges: list[tuple[bytes, bytes]] = []
-    for _ in range(num_merges):
-        pairs: Counter = Counter()
-        for w, c in words.items():
-            for a, b in zip(w, w[1:], strict=False):
-                pairs[(a, b)] += c
-        if not pairs:
-            break
-        best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
-        merges.append(best)
-        merged: Counter = Counter()
-        for w, c in words.items():
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
-                    out.append(w[i] + w[i + 1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            merged[tuple(out)] += c
-        words = merged
-    return merges
+    Returns the trained ``tokenizers.Tokenizer``; its vocabulary is the 256 byte symbols (in
+    GPT-2's byte-to-unicode alphabet, GPT-2's order) followed by up to ``num_merges`` merged tokens.
+    """
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(pattern), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=len(alphabet) + num_merges, initial_alphabet=alphabet, show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
 
 
 def write_bpe_tokenizer(model_dir: str | Path, texts: list[str], *, num_merges: int = 64) -> None:
-    """``vocab.json`` + ``merges.txt`` (GPT-2 byte-level BPE, as Qwen ships them)."""
-    from torchtune.models.qwen2._tokenizer import PRETOKENIZE_REGEX, bytes_to_unicode
+    """``vocab.json`` + ``merges.txt`` (GPT-2 byte-level BPE, as Qwen ships them), learnt from ``texts``."""
+    from torchtune.models.qwen2._tokenizer import PRETOKENIZE_REGEX
 
-    byte_char = bytes_to_unicode()
-
-    def show(bs: bytes) -> str:
-        return "".join(byte_char[b] for b in bs)
-
-    vocab = {show(bytes([b])): i for i, b in enumerate(sorted(byte_char))}
-    merges = _train_merges(texts, PRETOKENIZE_REGEX, num_merges)
-    for a, b in merges:
-        vocab.setdefault(show(a + b), len(vocab))
-    out = Path(model_dir)
-    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
-    (out / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{show(a)} {show(b)}\n" for a, b in merges), encoding="utf-8")
+    _train_bpe(texts, PRETOKENIZE_REGEX, num_merges).model.save(str(model_dir))
 
 
 def write_tiktoken_tokenizer(model_dir: str | Path, texts: list[str], *, num_merges: int = 64) -> None:
-    """``original/tokenizer.model``: a tiktoken rank file (base64 token, rank), as Llama 3 ships it."""
-    from torchtune.models.llama3._tokenizer import CL100K_PATTERN
+    """``original/tokenizer.model``: a tiktoken rank file (base64 token, rank), as Llama 3 ships it.
 
+    Ranks 0-255 are the single bytes; the merged tokens follow in the order they were learnt.
+    """
+    from torchtune.models.llama3._tokenizer import CL100K_PATTERN
+    from torchtune.models.qwen2._tokenizer import bytes_to_unicode
+
+    byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+    learnt = _train_bpe(texts, CL100K_PATTERN, num_merges).get_vocab()
     ranks = [bytes([b]) for b in range(256)]
-    for a, b in _train_merges(texts, CL100K_PATTERN, num_merges):
-        if a + b not in ranks:
-            ranks.append(a + b)
+    for token in sorted(learnt, key=learnt.__getitem__)[256:]:
+        ranks.append(bytes(byte_of[c] for c in token))
     path = Path(model_dir) / "original" / "tokenizer.model"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"{base64.b64encode(tok).decode()} {rank}\n" for rank, tok in enumerate(ranks)))

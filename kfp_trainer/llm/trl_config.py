@@ -131,7 +131,9 @@ def trl_settings(*, method: str, extra_args: list[str] | None = None, **inputs: 
         errors.append(ValidationError("method", method, "sft or dpo (grpo needs reward functions and generation: not run here)"))
     zero_is_default = ("learning_rate", "per_device_train_batch_size", "num_train_epochs", "max_steps", "lora_r", "lora_alpha",
                        "max_length", "save_steps", "logging_steps", "beta")  # fmt: skip
-    values = {k: (None if (v == "" or (k in zero_is_default and v == 0 and not isinstance(v, bool))) else v) for k, v in inputs.items()}
+    values: dict[str, Any] = {
+        k: (None if (v == "" or (k in zero_is_default and v == 0 and not isinstance(v, bool))) else v) for k, v in inputs.items()
+    }
     if values.get("seed") is not None and values["seed"] < 0:  # -1: TRL's default seed
         values["seed"] = None
     out: dict[str, Any] = {}

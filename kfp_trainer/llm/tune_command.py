@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from decimal import Decimal
+from typing import Any
 
 from kfp_trainer.quantity import parse_quantity
 
@@ -68,7 +69,7 @@ def uses_qlora(args: Sequence[str]) -> bool:
     return not _bool_enabled(args, "model.use_dora") and _bool_enabled(args, "model.quantize_base")
 
 
-def gpus_in(resources: dict | None) -> int:
+def gpus_in(resources: dict[str, Any] | None) -> int:
     """GPUs per node in a ResourceRequirements dict (requests first, then limits; rounded up)."""
     resources = resources or {}
     for section in ("requests", "limits"):
@@ -78,7 +79,7 @@ def gpus_in(resources: dict | None) -> int:
     return 0
 
 
-def cpus_in(resources: dict | None) -> int:
+def cpus_in(resources: dict[str, Any] | None) -> int:
     """Whole CPUs per node (request, else limit; rounded up), 0 when unset."""
     resources = resources or {}
     for section in ("requests", "limits"):
@@ -140,7 +141,9 @@ def runtime_immutable_overrides(runtime_command: Sequence[str]) -> list[str]:
     return [c for c in runtime_command if _key(c) in IMMUTABLE_CONFIGS]
 
 
-def node_shape(*, runtime_resources: dict | None, runtime_num_nodes: int, job_trainer: dict | None) -> tuple[int, int | str, int]:
+def node_shape(
+    *, runtime_resources: dict[str, Any] | None, runtime_num_nodes: int, job_trainer: dict[str, Any] | None
+) -> tuple[int, int | str, int]:
     """(nodes, processes per node, GPUs per node) as the controller resolves them for a TrainJob.
 
     The TrainJob's ``numNodes``/``numProcPerNode``/``resourcesPerNode`` win over the runtime's;

@@ -36,7 +36,7 @@ def check_env(field: str, env: Any, *, reserved: tuple[str, ...] = (), file_refs
             errors.append(ValidationError(where, env_item_shape(item), "an EnvVar with keys name, value or valueFrom"))
             continue
         name = item.get("name")
-        if not ok(ENV_NAME, name, 1024):
+        if not isinstance(name, str) or not ok(ENV_NAME, name, 1024):
             errors.append(
                 ValidationError(f"{where}.name", name, "an env var name: letters, digits, '_', '-', '.', not starting with a digit")
             )

@@ -190,9 +190,9 @@ class _Checker:
             if not isinstance(item, dict):
                 self.add((*at, kind), item, "a map")
                 continue
-            schemes = schemes + (("builtin", "file") if self.local else ())
+            allowed = schemes + (("builtin", "file") if self.local else ())
             if "storageUri" in item:
-                self.errors += rules.check_uri(self.name((*at, kind, "storageUri")), item["storageUri"], schemes)
+                self.errors += rules.check_uri(self.name((*at, kind, "storageUri")), item["storageUri"], allowed)
             if "env" in item:
                 self.checked_env.add((*at, kind, "env"))
                 self.errors += env_rules.check_env(self.name((*at, kind, "env")), item["env"], file_refs=False)

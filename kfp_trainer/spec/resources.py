@@ -77,7 +77,7 @@ def fractional_devices(resources: Any) -> list[tuple[str, str, Any]]:
 
     Unreadable quantities are left out (other checks name them).
     """
-    found = []
+    found: list[tuple[str, str, Any]] = []
     for section in ("limits", "requests"):
         amounts = resources.get(section) if isinstance(resources, dict) else None
         for name, quantity in (amounts.items() if isinstance(amounts, dict) else ()):

@@ -10,7 +10,7 @@ is allowed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import naming
@@ -51,10 +51,10 @@ _MAX_IDENTITY = 1024
 
 def _check_volumes(inputs: TrainJobInputs, allow_host_access: bool | None) -> list[ValidationError]:
     errors: list[ValidationError] = []
-    names = set()
+    names: set[str] = set()
     for i, volume in enumerate(inputs.volumes):
         name = volume.get("name")
-        if not rules.ok(rules.DNS_LABEL, name, 63):
+        if not isinstance(name, str) or not rules.ok(rules.DNS_LABEL, name, 63):
             errors.append(ValidationError(f"volumes[{i}].name", name, "a DNS label naming the volume"))
             continue
         names.add(name)
@@ -173,8 +173,11 @@ def _check_identity(inputs: TrainJobInputs) -> list[ValidationError]:
     e += rules.check_dns_name("namespace", inputs.namespace, "namespace", label=True)
     for field in ("run_id", "task_name", "pipeline_name", "task_id"):
         e += rules.check_text(field, getattr(inputs, field), max_bytes=_MAX_IDENTITY)
-    for check, value in ((lambda v: naming.check_name(v, naming.DNS_LABEL_MAX), inputs.name),
-                         (lambda v: naming.trainjob_name(run_id="", task_name="", prefix=v), inputs.name_prefix)):  # fmt: skip
+    checks: tuple[tuple[Callable[[str], object], str | None], ...] = (
+        (lambda v: naming.check_name(v, naming.DNS_LABEL_MAX), inputs.name),
+        (lambda v: naming.trainjob_name(run_id="", task_name="", prefix=v), inputs.name_prefix),
+    )
+    for check, value in checks:
         if value:
             try:
                 check(value)

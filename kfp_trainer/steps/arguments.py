@@ -101,7 +101,7 @@ def function_job_arguments(values: Mapping[str, Any], constants: Mapping[str, An
         ({'steps': 3, 'inputs': 'x'}, None, None, {'gpu': 1})
     """
     parameters = list(constants.get("parameters") or [])
-    resources = constants.get("resources_per_node")
+    resources: Any = constants.get("resources_per_node")
     flat = bool(resources) and not all(key in _SECTIONS for key in resources)
     inputs = {
         "runtime": values.get("runtime"), "image": values.get("image") or None, "num_nodes": values.get("num_nodes") or None,

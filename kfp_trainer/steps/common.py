@@ -17,7 +17,7 @@ import shutil
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from ..cancel import Stop, stopping
 from ..errors import KfpTrainerError, ValidationError
@@ -227,11 +227,12 @@ def model_metadata(model_dir: str | Path, **known: Any) -> dict[str, Any]:
         if key in info:
             meta[key] = info[key]
     meta.update({k: v for k, v in known.items() if v not in (None, "")})
-    return scrub(meta)  # e.g. a base model URI with credentials, from an upstream artifact
+    scrubbed: dict[str, Any] = scrub(meta)  # e.g. a base model URI with credentials, from an upstream artifact
+    return scrubbed
 
 
 
-def finite(value: Any) -> bool:
+def finite(value: Any) -> TypeGuard[float]:
     """True for an int or float (not a bool) that is neither NaN nor infinite."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

@@ -95,7 +95,9 @@ def run_evaluate(
         ``min_improvement`` (lower-is-better metrics count decreases), and why.
     """
     if evaluate_fn is None:
-        from ..trainers.evaluate import evaluate as evaluate_fn
+        from ..trainers.evaluate import evaluate
+
+        evaluate_fn = evaluate
     started = time.monotonic()
     result = evaluate_fn(str(model.path), str(dataset.path), split=split, max_examples=max_examples or None)
     values = {k: float(v) for k, v in result.items() if finite(v)}

@@ -202,7 +202,7 @@ class TorchTuneFinetune(TypedTrainer):
         self.output_dir, volumes, mounts = self._output(ctx, inputs)
         plan = checkpoints.resume_plan(checkpoints.scan(self.output_dir), total_epochs=self.settings.epochs, adapter=self.rendered.adapter)
         resume: list[str] = []
-        if plan.epochs_done and not plan.finished:
+        if plan.checkpoint is not None and not plan.finished:  # epochs_done > 0
             self.resumed = plan
             resume = list(plan.overrides)
             log(f"resuming from {plan.checkpoint.folder} in {self.output_dir}: {plan.epochs_done} epoch(s) done by an earlier try")
@@ -229,7 +229,7 @@ class TorchTuneFinetune(TypedTrainer):
         recipe, config = tune_command.recipe_and_config(rt.name, args, num_nodes=nodes, num_proc_per_node=nproc, gpus_per_node=gpus)
         ctx.report["fine-tune"] = f"tune run {recipe} --config {config} ({'LoRA adapter' if self.rendered.adapter else 'full weights'})"
         ctx.metadata.update(recipe=recipe, config=config)
-        if self.resumed is not None:
+        if self.resumed is not None and plan.checkpoint is not None:
             done = f"{plan.epochs_done} of {self.settings.epochs}" if self.settings.epochs else str(plan.epochs_done)
             ctx.report["resumed"] = f"from {plan.checkpoint.folder} of an earlier try ({done} epochs done): {' '.join(plan.overrides)}"
             ctx.metadata["resumed_from"] = plan.checkpoint.folder

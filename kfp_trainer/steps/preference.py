@@ -30,7 +30,9 @@ def run_preference_eval(
         ``(passed, summary)``: whether ``gate_metric`` beats the baseline's by at least ``min_improvement``.
     """
     if evaluate_fn is None:
-        from ..trainers.preference_eval import evaluate_preferences as evaluate_fn
+        from ..trainers.preference_eval import evaluate_preferences
+
+        evaluate_fn = evaluate_preferences
     started = time.monotonic()
     reference = str(reference_model.path) if reference_model is not None else None
     result = evaluate_fn(str(model.path), str(dataset.path), split=split, max_examples=max_examples or None, reference_dir=reference,

@@ -16,11 +16,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InfraError, InvalidSpecErrors, UserError, ValidationError
 from ..redaction import redact_uri, scrub
 from .common import finite, log, resolve_identity, resolve_scope, unresolved
+
+if TYPE_CHECKING:
+    from ..tracking.settings import Target
 
 _ALIAS = re.compile(r"^[\w-]{1,255}$")
 # Model metadata (kfp_trainer.steps.outputs.record_model, the trainers' training_info.json) -> version tags.
@@ -94,12 +97,13 @@ def _kfp_run_url(client: Any, task_run: str, kfp_ui_url: str, run_id: str) -> st
         parent = tags.get("mlflow.parentRunId")
         if parent:
             tags = {t["key"]: t["value"] for t in client.get_run(parent)["data"].get("tags") or []}
-        return tags.get("kfp.pipeline_run_url", "")
+        url: str = tags.get("kfp.pipeline_run_url", "")
+        return url
     except (MlflowError, KeyError):
         return ""
 
 
-def _files_run(client: Any, target: Any, training_run: str, step_key: str, name: str) -> str:
+def _files_run(client: Any, target: Target, training_run: str, step_key: str, name: str) -> str:
     """The run the model's files are uploaded to: the one that trained it, the task's, or one made for this step."""
     if training_run:
         return training_run

@@ -112,9 +112,9 @@ def run_select_best(
         best_metrics.log_metric(name, value)
     best_metrics.log_metric("sweep_index", float(best))
     rows = []
-    for i, (model, value) in enumerate(zip(models, values, strict=True)):
+    for i, (model, scores) in enumerate(zip(models, values, strict=True)):
         row: dict[str, Any] = dict(points[i])
-        row.update(value)
+        row.update(scores)
         row["trainjob"] = (getattr(model, "metadata", None) or {}).get("trainjob", "")
         rows.append(row)
     text = f"# Sweep: best by `{metric}`\n\n" + comparison_table(rows, metric, best) + "\n"

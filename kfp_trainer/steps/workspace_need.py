@@ -31,9 +31,10 @@ from .finetune import TorchTuneFinetune
 def _run_time_error(kind: str) -> ValidationError:
     """The error the step raises on a cluster without a shared volume, obtained from the step's own code."""
     if kind == "torchtune_finetune":
-        ctx = SimpleNamespace(local=False, shared_root=None, key="", output_model=None)
+        ctx: Any = SimpleNamespace(local=False, shared_root=None, key="", output_model=None)  # what _output reads before refusing
+        no_inputs: Any = None
         try:
-            TorchTuneFinetune(None)._output(ctx, None)
+            TorchTuneFinetune(None)._output(ctx, no_inputs)
         except ValidationError as e:
             return e
     else:

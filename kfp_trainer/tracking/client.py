@@ -187,7 +187,8 @@ class MlflowClient:
             req = urllib.request.Request(url, data=body, method=method, headers=headers)
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout, context=self._context()) as answer:
-                    return answer.read()
+                    content: bytes = answer.read()
+                    return content
             except urllib.error.HTTPError as e:
                 text = e.read(4096).decode("utf-8", "replace")
                 if e.code in _RETRY_STATUS and attempt < self.attempts:
@@ -216,11 +217,14 @@ class MlflowClient:
         what = {401: "not authenticated", 403: "not allowed"}.get(status, code or f"HTTP {status}")
         return cls(f"MLflow at {self.uri} refused {endpoint}: {what}: {message}", status=status, code=code, endpoint=endpoint)
 
-    def call(self, method: str, endpoint: str, body: Mapping[str, Any] | None = None, *, query: Mapping[str, Any] | None = None) -> dict:
+    def call(
+        self, method: str, endpoint: str, body: Mapping[str, Any] | None = None, *, query: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """A JSON call to ``/api/2.0/mlflow/<endpoint>``; the decoded answer."""
         data = json.dumps(body).encode() if body is not None else None
         raw = self.request(method, API + endpoint, body=data, query=query, content_type="application/json" if data else "")
-        return json.loads(raw) if raw.strip() else {}
+        answer: dict[str, Any] = json.loads(raw) if raw.strip() else {}
+        return answer
 
     # ----------------------------------------------------------------- experiments and runs
 
@@ -238,15 +242,17 @@ class MlflowClient:
                 raise
         return str(self.call("GET", "experiments/get-by-name", query={"experiment_name": name})["experiment"]["experiment_id"])
 
-    def get_run(self, run_id: str) -> dict:
+    def get_run(self, run_id: str) -> dict[str, Any]:
         """``{"info": ..., "data": ...}`` of one run."""
-        return self.call("GET", "runs/get", query={"run_id": run_id})["run"]
+        run: dict[str, Any] = self.call("GET", "runs/get", query={"run_id": run_id})["run"]
+        return run
 
-    def create_run(self, experiment_id: str, *, name: str, tags: Mapping[str, str]) -> dict:
+    def create_run(self, experiment_id: str, *, name: str, tags: Mapping[str, str]) -> dict[str, Any]:
         """A new RUNNING run; its ``info``."""
         body = {"experiment_id": experiment_id, "run_name": name, "start_time": int(time.time() * 1000),
                 "tags": pairs(tags, MAX_TAG_VALUE)}  # fmt: skip
-        return self.call("POST", "runs/create", body)["run"]["info"]
+        info: dict[str, Any] = self.call("POST", "runs/create", body)["run"]["info"]
+        return info
 
     def update_run(self, run_id: str, status: str, *, end: bool = True) -> None:
         """Set a run's status (``RUNNING``, ``FINISHED``, ``FAILED``, ``KILLED``); a final one gets an end time."""
@@ -255,14 +261,19 @@ class MlflowClient:
             body["end_time"] = int(time.time() * 1000)
         self.call("POST", "runs/update", body)
 
-    def search_runs(self, experiment_ids: Iterable[str], filter_string: str, *, max_results: int = 10) -> list[dict]:
+    def search_runs(self, experiment_ids: Iterable[str], filter_string: str, *, max_results: int = 10) -> list[dict[str, Any]]:
         """Runs (active ones) of the experiments matching an MLflow filter, newest first."""
         body = {"experiment_ids": list(experiment_ids), "filter": filter_string, "max_results": max_results,
                 "order_by": ["attributes.start_time DESC"]}  # fmt: skip
         return list(self.call("POST", "runs/search", body).get("runs") or [])
 
     def log_batch(
-        self, run_id: str, *, metrics: Iterable[dict] = (), params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None
+        self,
+        run_id: str,
+        *,
+        metrics: Iterable[dict[str, Any]] = (),
+        params: Mapping[str, Any] | None = None,
+        tags: Mapping[str, Any] | None = None,
     ) -> None:
         """Log metrics, params and tags in as few ``log-batch`` requests as the API's limits allow."""
         rest_metrics, rest_params = list(metrics), pairs(params or {}, MAX_PARAM_VALUE)

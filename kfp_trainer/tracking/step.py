@@ -214,7 +214,7 @@ class StepTracking:
             return
         assert self.client is not None and self.run is not None
         client, run_id = self.client, self.run.run_id
-        series = getattr(outcome, "metrics", None)
+        series: Any = getattr(outcome, "metrics", None)
         points = [p for name in (series.names() if series else []) for p in series.series(name)]
         positions = [p.step if p.step is not None else p.epoch for p in points]
         step = int(max((x for x in positions if x is not None), default=0))  # the last point the trainer printed: curves end there

@@ -176,7 +176,8 @@ def _scrubbed(params: Mapping[str, Any]) -> dict[str, Any]:
     """Params fit to store: secret-like names and values hidden (a token passed as a flag stays out of MLflow)."""
     from ..redaction import scrub
 
-    return scrub(dict(params))
+    scrubbed: dict[str, Any] = scrub(dict(params))
+    return scrubbed
 
 
 _default: RunLogger | None = None

@@ -39,7 +39,8 @@ def run(backend: str = "gloo", timeout_seconds: float = 300.0) -> dict[str, obje
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_seconds))
     else:
         # Alone: a one-rank group through an in-memory store.
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        store = dist.HashStore()  # type: ignore[attr-defined]  # torch.distributed has it, but not in an __all__
+        dist.init_process_group(backend=backend, store=store, rank=0, world_size=1)
     try:
         rank = dist.get_rank()
         world_size = dist.get_world_size()

@@ -121,7 +121,10 @@ def addition_preference_records(seed: int = ADDITION_SEED) -> tuple[list[dict[st
     """
     rng = random.Random(seed + 1)
     train, test = addition_records(seed)
-    pair = lambda r: {"prompt": r["prompt"], "chosen": r["completion"], "rejected": near_miss(int(r["completion"]), rng)}  # noqa: E731
+
+    def pair(r: dict[str, str]) -> dict[str, str]:
+        return {"prompt": r["prompt"], "chosen": r["completion"], "rejected": near_miss(int(r["completion"]), rng)}
+
     return [pair(r) for r in train], [pair(r) for r in test]
 
 

@@ -120,7 +120,8 @@ def predict(model: Any, x: Any) -> list[int]:
     import torch
 
     with torch.no_grad():
-        return model(torch.as_tensor(x)).argmax(dim=1).tolist()
+        predicted: list[int] = model(torch.as_tensor(x)).argmax(dim=1).tolist()
+        return predicted
 
 
 def _evaluate(model: Any, x: Any, y: Any) -> tuple[float, float]:
@@ -154,21 +155,23 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(x_train.shape[1], args.hidden, len(CLASSES))
     ddp = DistributedDataParallel(model) if distributed else model
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.learning_rate, momentum=0.9)
-    started, steps, summary, first = time.monotonic(), 0, {}, 1
+    started, steps, first = time.monotonic(), 0, 1
+    summary: dict[str, Any] = {}
     reporter = ProgressReporter()  # to the Trainer's status server (TrainJobStatus gate), rank 0 only; else a no-op
     # A checkpoint an earlier try left in the output dir, saved with the same settings: go on after its epoch.
     meta = {"world_size": env.world_size, **{k: getattr(args, k) for k in HYPERPARAMETERS}}
     if args.checkpoint:
-        found, state = checkpointing.resume(args.output_dir, meta)
-        if found is not None:
+        resumed = checkpointing.resume(args.output_dir, meta)
+        if resumed[0] is not None:
+            found, state = resumed
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             first, steps, summary = state["epoch"] + 1, state["steps"], state["summary"]
             started -= state["elapsed"]
             if env.is_main:
                 print(f"digits: resuming after epoch {state['epoch']} ({found.path})", file=sys.stderr, flush=True)
-        elif state and env.is_main:
-            print(f"digits: {state}", file=sys.stderr, flush=True)
+        elif resumed[1] and env.is_main:
+            print(f"digits: {resumed[1]}", file=sys.stderr, flush=True)
     resumed_from = steps
     for epoch in range(first, args.epochs + 1):
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(args.seed + epoch))

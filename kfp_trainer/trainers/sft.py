@@ -308,11 +308,12 @@ def resume(args: argparse.Namespace, meta: dict[str, Any], model: Any, optimizer
     """Continue from a checkpoint an earlier try left in the output dir with the same settings, if any."""
     if args.checkpoint_steps <= 0:
         return Progress()
-    found, state = checkpointing.resume(args.output_dir, meta)
-    if found is None:
-        if state:
-            proc.log(str(state))
+    resumed = checkpointing.resume(args.output_dir, meta)
+    if resumed[0] is None:
+        if resumed[1]:
+            proc.log(resumed[1])
         return Progress()
+    found, state = resumed
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     proc.log(f"resuming from the checkpoint at step {state['step']} ({found.path})")

@@ -182,7 +182,8 @@ def train(method: str, argv: list[str]) -> dict[str, Any]:
     argv = prepare_argv(method, argv, cuda=cuda, bf16_ok=cuda and torch.cuda.is_bf16_supported(),
                         bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None)  # fmt: skip
     config_class, trainer_class = (DPOConfig, DPOTrainer) if method == "dpo" else (SFTConfig, SFTTrainer)
-    data, config, model_args = HfArgumentParser((DataArgs, config_class, ModelConfig)).parse_args_into_dataclasses(argv)
+    dataclass_types: tuple[Any, ...] = (DataArgs, config_class, ModelConfig)  # transformers types these as NewType("DataClassType", Any)
+    data, config, model_args = HfArgumentParser(dataclass_types).parse_args_into_dataclasses(argv)
     env = dist_env()
     from kfp_trainer.tracking.trainer import log_params  # the step's MLflow run, from rank 0 (if any)
 

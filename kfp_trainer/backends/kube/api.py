@@ -82,7 +82,7 @@ class RetryPolicy:
 
     def pause(self, retry: int, *, retry_after: float | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (0-based): its delay, jittered; at least what the server asked."""
-        delay = min(self.cap, self.base * 2**retry) * (0.5 + random.random())
+        delay = min(self.cap, self.base * 2.0**retry) * (0.5 + random.random())
         return min(self.cap, max(delay, retry_after or 0.0))
 
 

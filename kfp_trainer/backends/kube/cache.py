@@ -17,8 +17,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from ...errors import KfpTrainerError
 from .api import RetryPolicy
@@ -29,14 +29,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: The kind of object a cache holds (e.g. :class:`~kfp_trainer.kube_types.Pod`).
+Obj = TypeVar("Obj", bound=Mapping[str, Any])
 
 
-def _uid(obj: dict[str, Any]) -> str:
+def _uid(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return str(meta.get("uid") or meta.get("name"))
 
 
-class ObjectCache:
+class ObjectCache(Generic[Obj]):
     """The objects at ``path`` matching ``selectors``, kept current by a watch in a thread."""
 
     def __init__(
@@ -45,7 +47,7 @@ class ObjectCache:
         path: str,
         selectors: list[tuple[str, str]],
         *,
-        keep: Callable[[dict[str, Any]], bool] = lambda obj: True,
+        keep: Callable[[Obj], bool] = lambda obj: True,
         timeout_seconds: int = 300,
         policy: RetryPolicy = RetryPolicy(),
         name: str = "cache",
@@ -59,12 +61,12 @@ class ObjectCache:
         self.name = name
         self.error: KfpTrainerError | None = None  # why the watch stopped, when it did
         self.synced = threading.Event()  # the first list arrived (or the watch failed)
-        self._objects: dict[str, dict[str, Any]] = {}
+        self._objects: dict[str, Obj] = {}
         self._changed = threading.Condition()
         self._handle = Handle()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> ObjectCache:
+    def start(self) -> ObjectCache[Obj]:
         """Start the watch thread (once)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
@@ -92,13 +94,13 @@ class ObjectCache:
         with self._changed:
             self._changed.notify_all()
 
-    def objects(self) -> list[dict[str, Any]]:
+    def objects(self) -> list[Obj]:
         """A snapshot of the current objects."""
         with self._changed:
             return list(self._objects.values())
 
     def wait(
-        self, predicate: Callable[[list[dict[str, Any]]], T | None], *, timeout: float | None = None, stop: threading.Event | None = None
+        self, predicate: Callable[[list[Obj]], T | None], *, timeout: float | None = None, stop: threading.Event | None = None
     ) -> T | None:
         """Wait until ``predicate(objects)`` returns something other than None; that value.
 
@@ -121,10 +123,11 @@ class ObjectCache:
     def _apply(self, event: Event | None) -> None:
         if event is None:
             return
-        kind, obj = event
+        kind, raw = event
+        obj = cast(Obj, raw)  # the objects at this cache's path
         with self._changed:
             if kind == "LIST":
-                self._objects = {_uid(o): o for o in obj.get("items") or [] if self.keep(o)}
+                self._objects = {_uid(o): o for o in raw.get("items") or [] if self.keep(o)}
                 self.synced.set()
             elif kind == "DELETED":
                 self._objects.pop(_uid(obj), None)

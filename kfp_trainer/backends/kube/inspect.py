@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import UserError
 from ...jobstatus import JobRef
+from ...kube_types import Event, Pod
 from ..base import Blocker
 from .api import RetryPolicy, call
 from .cache import ObjectCache
@@ -73,13 +74,13 @@ def _second(stamp: Any) -> str:
     return str(stamp or "")[:19]
 
 
-def event_time(event: dict[str, Any]) -> str:
+def event_time(event: Event) -> str:
     """When an event last happened (RFC 3339), whichever of its time fields is set."""
     meta = event.get("metadata") or {}
     return str(event.get("lastTimestamp") or event.get("eventTime") or meta.get("creationTimestamp") or "")
 
 
-def belongs(event: dict[str, Any], ref: JobRef, created: str) -> bool:
+def belongs(event: Event, ref: JobRef, created: str) -> bool:
     """Whether ``event`` is about this TrainJob or what it owns (not an earlier job of the same name).
 
     Example:
@@ -127,12 +128,12 @@ class JobTracker:
         self.created = created
         self.policy = policy
         self.timeout_seconds = timeout_seconds
-        self._pods: ObjectCache | None = None
-        self._events: ObjectCache | None = None
-        self._workload_events: ObjectCache | None = None
+        self._pods: ObjectCache[Pod] | None = None
+        self._events: ObjectCache[Event] | None = None
+        self._workload_events: ObjectCache[Event] | None = None
         self.queue_said: set[tuple[str, str]] = set()  # (reason, message) of the queue notes already reported
 
-    def pods(self) -> ObjectCache:
+    def pods(self) -> ObjectCache[Pod]:
         """The job's pods (started on first use)."""
         if self._pods is None:
             self._pods = ObjectCache(
@@ -146,7 +147,7 @@ class JobTracker:
             ).start()
         return self._pods
 
-    def events(self) -> ObjectCache:
+    def events(self) -> ObjectCache[Event]:
         """The warning events about the job (started on first use)."""
         if self._events is None:
             self._events = ObjectCache(
@@ -160,7 +161,7 @@ class JobTracker:
             ).start()
         return self._events
 
-    def workload_events(self) -> ObjectCache:
+    def workload_events(self) -> ObjectCache[Event]:
         """The events of the job's Kueue Workload, any type (started on first use).
 
         Started again when the job is queued after it ran (preempted, evicted).
@@ -282,7 +283,7 @@ def never_fits(message: str) -> bool:
     return "> maximum capacity" in message or bool(_UNAVAILABLE.search(message))
 
 
-def quota_blockers(workload_events: list[dict[str, Any]]) -> list[Blocker]:
+def quota_blockers(workload_events: list[Event]) -> list[Blocker]:
     """A fatal ``InsufficientQuota`` blocker when the Workload's ClusterQueue can never admit it.
 
     Kueue's latest ``Pending`` event on the job's Workload says so (:func:`never_fits`).
@@ -298,7 +299,7 @@ def quota_blockers(workload_events: list[dict[str, Any]]) -> list[Blocker]:
     return [Blocker("InsufficientQuota", f"{where}: {message} (more than its ClusterQueue can ever admit)", fatal=True)]
 
 
-def pod_blockers(pod: dict[str, Any]) -> list[Blocker]:
+def pod_blockers(pod: Pod) -> list[Blocker]:
     """Unschedulable or image trouble of one Pending pod (stored form)."""
     status = pod.get("status") or {}
     if status.get("phase") != "Pending":
@@ -323,7 +324,7 @@ def pod_blockers(pod: dict[str, Any]) -> list[Blocker]:
     return found
 
 
-def pod_summary(pod: dict[str, Any]) -> tuple[str, tuple[str, str, bool] | None]:
+def pod_summary(pod: Pod) -> tuple[str, tuple[str, str, bool] | None]:
     """A pod's line of the diagnosis (phase, node, containers) and its first failed container.
 
     The failed container is ``(pod, container, restarted since)``: the first that exited
@@ -374,13 +375,13 @@ def diagnose(api: ApiClient, ref: JobRef, *, tail: int = 40, created: str = "", 
         events = list(found.get("items") or [])
     except UserError:
         events = []
-    related = sorted((e for e in events if belongs(e, ref, created)), key=event_time)
+    related = sorted((event for event in events if belongs(event, ref, created)), key=event_time)
     grouped: dict[tuple[str, str, str, str], tuple[str, int]] = {}  # the same complaint once, with a count
-    for e in related:
-        obj = e.get("involvedObject") or {}
-        key = (str(e.get("type") or ""), str(e.get("reason") or ""), str(obj.get("kind") or ""), str(obj.get("name") or ""))
+    for event in related:
+        obj = event.get("involvedObject") or {}
+        key = (str(event.get("type") or ""), str(event.get("reason") or ""), str(obj.get("kind") or ""), str(obj.get("name") or ""))
         _, count = grouped.pop(key, ("", 0))
-        grouped[key] = (str(e.get("message") or ""), count + int(e.get("count") or 1))
+        grouped[key] = (str(event.get("message") or ""), count + int(event.get("count") or 1))
     if grouped:
         parts.append(
             "Recent events:\n"

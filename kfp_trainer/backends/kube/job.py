@@ -14,9 +14,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ...jobstatus import JobRef, JobStatus, Phase
+from ...kube_types import TrainJob
 from ...spec import GROUP, PLURAL, VERSION
 from ..base import Blocker, JobHandle, LogSink, RuntimeInfo, trainjob_status
 from ..deletion import deletion_time
@@ -66,7 +67,7 @@ class KubeJob(JobHandle):
     """
 
     def __init__(self, ref: JobRef, *, api: ApiClient, lifecycle: Lifecycle, settings: JobSettings = JobSettings(),
-                 runtime: RuntimeInfo | None = None, known: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 runtime: RuntimeInfo | None = None, known: TrainJob | None = None) -> None:  # fmt: skip
         super().__init__(ref)
         self.api = api
         self.lifecycle = lifecycle
@@ -130,7 +131,7 @@ class KubeJob(JobHandle):
                     self.tracker().started()
                 yield status
 
-    def _observe(self, obj: dict[str, Any] | None) -> JobStatus:
+    def _observe(self, obj: TrainJob | None) -> JobStatus:
         """The status of the job as stored (None: gone); remembers when its deletion began."""
         self.deleted_at = self.deleted_at or deletion_time(obj)
         return trainjob_status(obj, self.trainer_job)
@@ -205,12 +206,12 @@ class KubeJob(JobHandle):
         return inspect.inspect_hint(self.ref)
 
 
-def _object(ref: JobRef, event: tuple[str, dict[str, Any]]) -> dict[str, Any] | None:
+def _object(ref: JobRef, event: tuple[str, dict[str, Any]]) -> TrainJob | None:
     """The job as stored after one watch event (a LIST, or a change of one object); None when it is gone."""
     kind, obj = event
     if kind == "LIST":
-        items = [i for i in obj.get("items") or [] if not ref.uid or i["metadata"].get("uid") == ref.uid]
+        items: list[TrainJob] = [i for i in obj.get("items") or [] if not ref.uid or i["metadata"].get("uid") == ref.uid]
         return items[0] if items else None
     if ref.uid and obj["metadata"].get("uid") != ref.uid:
         return None  # a different object with the same name: ours is gone
-    return None if kind == "DELETED" else obj
+    return None if kind == "DELETED" else cast(TrainJob, obj)  # the watch is on one TrainJob

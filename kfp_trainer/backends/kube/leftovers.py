@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..base import JobRef
+from ...jobstatus import JobRef
 
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 

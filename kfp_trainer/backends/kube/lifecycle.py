@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ...cancel import Stop
 from ...errors import DeletionTimeoutError, ForbiddenError, OwnershipError, RejectedError, UserError
 from ...jobstatus import JobRef, Phase
+from ...kube_types import TrainJob
 from ...spec import GROUP, LABEL_DIGEST, LABEL_RUN, LABEL_SCOPE, LABEL_TASK, PLURAL, VERSION
 from .. import owner
 from ..base import JobHandle, Submission, check_ownership, trainjob_status
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 #: Makes the handle of a submitted job from its ref and the object as created or adopted (its watch starts there).
-HandleFactory = Callable[[JobRef, dict[str, Any]], JobHandle]
+HandleFactory = Callable[[JobRef, TrainJob], JobHandle]
 CREATE_TIMEOUT = (10, 20)  # a stop signal waits for the create's answer: keep it short
 # The Job controller can replace pods it saw go for a Job already deleted (its cache lags the
 # deletion): those orphans appear a moment after the last pod went, and the garbage collector
@@ -62,18 +63,19 @@ class Lifecycle:
         self.replace_timeout = replace_timeout
 
     # ------------------------------------------------------------------ requests
-    def get(self, ref: JobRef) -> dict[str, Any]:
+    def get(self, ref: JobRef) -> TrainJob:
         """The stored TrainJob (raises NotFound)."""
-        return call(self.api.request, "GET", trainjob(ref.namespace, ref.name), what=f"get TrainJob {ref}", policy=self.policy)
+        found: TrainJob = call(self.api.request, "GET", trainjob(ref.namespace, ref.name), what=f"get TrainJob {ref}", policy=self.policy)
+        return found
 
-    def create(self, namespace: str, manifest: dict[str, Any], *, stop: Stop) -> dict[str, Any]:
+    def create(self, namespace: str, manifest: dict[str, Any], *, stop: Stop) -> TrainJob:
         """Create the TrainJob (strict field validation). A stop request waits for the answer."""
         attempts = []
 
-        def attempt(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        def attempt(*args: Any, **kwargs: Any) -> TrainJob:
             stop.check()  # before each attempt: a cancel after an unanswered one is reclaimed by the caller
             attempts.append(1)
-            created = self.api.request(*args, **kwargs)  # a stop signal waits for the answer
+            created: TrainJob = self.api.request(*args, **kwargs)  # a stop signal waits for the answer
             stop.check()  # then the caller finds the job by name and deletes it
             return created
 
@@ -101,7 +103,7 @@ class Lifecycle:
             raise
         return created
 
-    def lineage(self, namespace: str, run: str, task: str, scope: str = "") -> list[dict[str, Any]]:
+    def lineage(self, namespace: str, run: str, task: str, scope: str = "") -> list[TrainJob]:
         """TrainJobs in ``namespace`` labelled with this run and task (and execution scope, when given)."""
         selector = f"{LABEL_RUN}={run},{LABEL_TASK}={task}" + (f",{LABEL_SCOPE}={scope}" if scope else "")
         body = call(
@@ -151,7 +153,7 @@ class Lifecycle:
             return self._take_over(manifest, existing, notes, handle, stop, lost_create=lost)
         return self._take_over(manifest, existing, notes, handle, stop)
 
-    def _take_over(self, manifest: dict[str, Any], existing: dict[str, Any], notes: list[str], handle: HandleFactory, stop: Stop,
+    def _take_over(self, manifest: dict[str, Any], existing: TrainJob, notes: list[str], handle: HandleFactory, stop: Stop,
                    lost_create: bool = False) -> Submission:  # fmt: skip
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
         if _earlier_try(manifest, existing):  # the same name given explicitly, other inputs
@@ -170,7 +172,7 @@ class Lifecycle:
             return _made(handle, manifest, self.create(namespace, manifest, stop=stop), notes, replaced=True)
         return Submission(handle(ref, self._record_launcher(manifest, existing)), adopted=True, notes=tuple(notes))
 
-    def _record_launcher(self, manifest: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any]:
+    def _record_launcher(self, manifest: dict[str, Any], existing: TrainJob) -> TrainJob:
         """Name this launcher on an adopted job, so gc and later tries see who follows it now; the job as it is then."""
         mine = (manifest["metadata"].get("annotations") or {}).get(owner.ANNOTATION)
         if not mine or (existing["metadata"].get("annotations") or {}).get(owner.ANNOTATION) == mine:
@@ -189,9 +191,10 @@ class Lifecycle:
         except UserError as e:  # following the job matters more than the record
             log.warning("%s", e)
             return existing
-        return dict(patched)
+        updated: TrainJob = patched
+        return updated
 
-    def _retire(self, job: dict[str, Any], manifest: dict[str, Any], stop: Stop) -> list[str]:
+    def _retire(self, job: TrainJob, manifest: dict[str, Any], stop: Stop) -> list[str]:
         """Deal with a TrainJob of this run and task with other inputs (another name)."""
         meta = job["metadata"]
         ref = JobRef(meta["namespace"], meta["name"], meta["uid"])
@@ -219,7 +222,7 @@ class Lifecycle:
             f"its launcher {who} is gone): deleted it before creating {manifest['metadata']['name']}"
         ]
 
-    def _replace_earlier_try(self, manifest: dict[str, Any], existing: dict[str, Any], notes: list[str], handle: HandleFactory,
+    def _replace_earlier_try(self, manifest: dict[str, Any], existing: TrainJob, notes: list[str], handle: HandleFactory,
                              stop: Stop) -> Submission:  # fmt: skip
         """The wanted name is taken by a job of this run and task with other inputs: an earlier try.
 
@@ -281,7 +284,7 @@ class Lifecycle:
         left = self._wait_tree(ref, time.monotonic() + self.replace_timeout, tree=tree, stop=stop)
         self._refuse_to_create_over(ref, left, how)
 
-    def _wait_deleted(self, existing: dict[str, Any], notes: list[str], stop: Stop) -> None:
+    def _wait_deleted(self, existing: TrainJob, notes: list[str], stop: Stop) -> None:
         """Wait (bounded) until this task's TrainJob being deleted by someone else is gone with all under it; never adopt it."""
         meta = existing["metadata"]
         ref, deleting = JobRef(meta["namespace"], meta["name"], meta["uid"]), deleted_status(existing)
@@ -374,7 +377,7 @@ class Lifecycle:
         return ref, self.delete(ref, wait=wait)
 
 
-def _made(handle: HandleFactory, manifest: dict[str, Any], obj: dict[str, Any], notes: list[str], *, replaced: bool = False) -> Submission:
+def _made(handle: HandleFactory, manifest: dict[str, Any], obj: TrainJob, notes: list[str], *, replaced: bool = False) -> Submission:
     """The submission of the job this launcher created from ``manifest`` (``obj``: as the create returned it)."""
     ref = JobRef(manifest["metadata"]["namespace"], manifest["metadata"]["name"], obj["metadata"]["uid"])
     return Submission(handle(ref, obj), adopted=False, replaced=replaced, notes=tuple(notes))
@@ -384,7 +387,7 @@ class LostCreate(Conflict):
     """A retried create was told the job exists: the attempt whose answer was lost made it (or another launcher did)."""
 
 
-def _earlier_try(manifest: dict[str, Any], existing: dict[str, Any]) -> bool:
+def _earlier_try(manifest: dict[str, Any], existing: TrainJob) -> bool:
     """Whether ``existing`` is a job of the same run, task and scope as ``manifest`` with other inputs."""
     mine, theirs = manifest["metadata"].get("labels") or {}, existing["metadata"].get("labels") or {}
     return (
@@ -394,6 +397,6 @@ def _earlier_try(manifest: dict[str, Any], existing: dict[str, Any]) -> bool:
     )  # fmt: skip
 
 
-def _same_launcher(manifest: dict[str, Any], existing: dict[str, Any]) -> bool:
+def _same_launcher(manifest: dict[str, Any], existing: TrainJob) -> bool:
     mine = (manifest["metadata"].get("annotations") or {}).get(owner.ANNOTATION)
     return bool(mine) and (existing["metadata"].get("annotations") or {}).get(owner.ANNOTATION) == mine

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ForbiddenError, KfpTrainerError
+from ...kube_types import ContainerStatus, Pod
 from ...timestamps import Timestamp, parse_timestamp, rfc3339
 from ..base import LogLine, LogSink
 from ..deletion import made_before
@@ -68,7 +69,7 @@ class _Cursor:
         return False
 
 
-def container_status(pod: dict[str, Any]) -> dict[str, Any]:
+def container_status(pod: Pod) -> ContainerStatus:
     """The trainer container's status in ``pod`` (empty when not reported yet)."""
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         if status.get("name") == CONTAINER:
@@ -76,16 +77,16 @@ def container_status(pod: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def _started(pod: dict[str, Any]) -> bool:
+def _started(pod: Pod) -> bool:
     state = container_status(pod).get("state") or {}
     return "running" in state or "terminated" in state
 
 
-def _instance(pod: dict[str, Any]) -> tuple[str, int]:
+def _instance(pod: Pod) -> tuple[str, int]:
     return pod["metadata"]["uid"], int(container_status(pod).get("restartCount") or 0)
 
 
-def _terminated(pod: dict[str, Any] | None, instance: tuple[str, int]) -> bool:
+def _terminated(pod: Pod | None, instance: tuple[str, int]) -> bool:
     """Whether that container instance has exited (its log is complete) or its pod is gone."""
     if pod is None or pod["metadata"]["uid"] != instance[0]:
         return True
@@ -93,7 +94,7 @@ def _terminated(pod: dict[str, Any] | None, instance: tuple[str, int]) -> bool:
     return int(status.get("restartCount") or 0) == instance[1] and "terminated" in (status.get("state") or {})
 
 
-def _instance_over(pod: dict[str, Any] | None, instance: tuple[str, int]) -> bool:
+def _instance_over(pod: Pod | None, instance: tuple[str, int]) -> bool:
     """Whether the pod watch shows that container instance ended (stopped, restarted, pod gone)."""
     if pod is None or pod["metadata"]["uid"] != instance[0]:
         return True
@@ -115,7 +116,7 @@ class NodeLogFollower:
         sink: LogSink,
         stop: threading.Event,
         source: str,
-        pods: ObjectCache | None = None,
+        pods: ObjectCache[Pod] | None = None,
         deleted_at: Callable[[], str] = lambda: "",
         poll: float = 1.0,
         read_timeout: float = 300.0,
@@ -154,7 +155,7 @@ class NodeLogFollower:
             response.shutdown()
 
     # -- pods
-    def _mine(self, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def _mine(self, pods: list[Pod]) -> Pod | None:
         deleted_at = self.deleted_at()  # pods made since the TrainJob's deletion began are re-created ones: never read
         matching = [
             p
@@ -166,10 +167,10 @@ class NodeLogFollower:
         # The newest pod is the current one when the Job replaced a failed pod.
         return max(matching, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
 
-    def _next(self) -> dict[str, Any] | None:
+    def _next(self) -> Pod | None:
         """The pod whose current container instance is still to be read; None when all is read."""
 
-        def unread(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+        def unread(pods: list[Pod]) -> Pod | None:
             pod = self._mine(pods)
             return pod if pod is not None and _started(pod) and _instance(pod) not in self.done else None
 
@@ -232,7 +233,7 @@ class NodeLogFollower:
                 return
             self._read_instance(pod)
 
-    def _read_instance(self, pod: dict[str, Any]) -> None:
+    def _read_instance(self, pod: Pod) -> None:
         instance = _instance(pod)
         uid, restarts = instance
         name = pod["metadata"]["name"]

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...cancel import Stop
 from ...errors import InfraError, KfpTrainerError, RejectedError, UserError
+from ...kube_types import ObjectList, WatchEvent
 from .api import Gone, NotFound, RetryPolicy, call, translate
 from .apierrors import APIError, TransportError, from_status
 
@@ -96,7 +97,7 @@ def shutdown(stream: Stream) -> None:
 
 def list_objects(api: ApiClient, path: str, selectors: list[tuple[str, str]], *, policy: RetryPolicy) -> tuple[list[dict[str, Any]], str]:
     """List objects at ``path``; return them and the list's resourceVersion."""
-    body = call(api.request, "GET", path, query=list(selectors), timeout=30, what=f"list {path}", policy=policy)
+    body: ObjectList = call(api.request, "GET", path, query=list(selectors), timeout=30, what=f"list {path}", policy=policy)
     return list(body.get("items") or []), str((body.get("metadata") or {}).get("resourceVersion") or "")
 
 
@@ -109,14 +110,15 @@ def open_stream(api: ApiClient, path: str, selectors: list[tuple[str, str]], res
         ("resourceVersion", resource_version),
         ("timeoutSeconds", max(1, int(timeout_seconds))),
     ]
-    return api.request("GET", path, query=query, timeout=(10, timeout_seconds + 15), stream=True)
+    stream: Stream = api.request("GET", path, query=query, timeout=(10, timeout_seconds + 15), stream=True)
+    return stream
 
 
 def decode(stream: Stream) -> Iterator[Event]:
     """Events of an open watch stream; gives the connection back at the end."""
     try:
         for raw in stream.lines():
-            event = json.loads(raw)
+            event: WatchEvent = json.loads(raw)
             yield str(event.get("type", "")), event.get("object") or {}
     finally:
         stream.close()
