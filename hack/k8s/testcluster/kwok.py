@@ -136,16 +136,8 @@ def config(
             },
             {
                 "name": "kube-controller-manager",
-                "extraArgs": [
-                    # One instance only; lets the cluster restart it at once.
-                    {"key": "leader-elect", "value": "false"},
-                    # The real node's kubelet on a loaded two-core machine (three test sessions,
-                    # torch training, image builds writing gigabytes) can miss its heartbeats for
-                    # longer than the default 50 s; the node lifecycle controller would then taint
-                    # the node unreachable, and every real pod would wait unschedulable or be
-                    # evicted. The tests are about the launcher, not node health: allow 5 minutes.
-                    {"key": "node-monitor-grace-period", "value": "5m"},
-                ],
+                # One instance only; lets the cluster restart it at once.
+                "extraArgs": [{"key": "leader-elect", "value": "false"}],
             },
             {
                 "name": "kube-scheduler",
