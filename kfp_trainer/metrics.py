@@ -28,13 +28,19 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from functools import partial
+from math import isfinite
 from typing import Any, NamedTuple
 
 POSITION_KEYS = ("step", "global_step", "epoch")
-_KATIB = re.compile(r"(?<![\w.-])([A-Za-z][\w./-]*)\s*=\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
+# name=value; the name's first letter comes first (the search skips to letters) and is then checked not to follow
+# [\w.-]: the same as a look-behind before it, found faster; possessive where nothing could be given back anyway.
+_KATIB = re.compile(r"([A-Za-z](?<![\w.-][A-Za-z])[\w./-]*+)\s*+=\s*+([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
 _LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|err|mse|mae|rmse|wer|cer)", re.IGNORECASE)
+_MARK = re.compile(r"[={]")  # a line without either holds no metric
 _POSITIONS = frozenset(POSITION_KEYS)
 _SKIP_KEYS = frozenset({"rank", "local_rank", "node_rank", "world_size", "pid", "port"})
+_NOT_METRICS = _POSITIONS | _SKIP_KEYS
 # Settings and throughput, not results: they have a last value but no "best" one.
 _NOT_A_SCORE = re.compile(r"(learning_rate|^lr$|runtime|per_second|grad_norm|epoch|steps?$|batch_size)")
 
@@ -46,6 +52,9 @@ class MetricPoint(NamedTuple):
     value: float
     step: float | None = None
     epoch: float | None = None
+
+
+_point = partial(tuple.__new__, MetricPoint)  # MetricPoint((name, value, step, epoch)) without the keyword handling
 
 
 def _numeric(value: Any) -> float | None:
@@ -91,15 +100,23 @@ def parse_line(line: str) -> list[MetricPoint]:
             if isinstance(data, dict):
                 return _from_mapping(data)
     pairs = _KATIB.findall(text)
-    if not pairs:
-        return []
-    data = {}
-    for key, value in pairs:
-        try:
-            data[key] = float(value)
-        except ValueError:
-            continue
-    return _from_mapping(data)
+    return _from_pairs(pairs) if pairs else []
+
+
+def _from_pairs(pairs: list[tuple[str, str]]) -> list[MetricPoint]:
+    """:func:`_from_mapping` of ``name=value`` pairs (the last value of a name wins), done for many lines a second.
+
+    Every value is a decimal numeral (the pattern says so): ``float`` takes it; only
+    infinities (``1e999``) are left out.
+    """
+    data = {key: float(value) for key, value in pairs}
+    step = data.get("step", data.get("global_step"))
+    epoch = data.get("epoch")
+    if step is not None and not isfinite(step):
+        step = None
+    if epoch is not None and not isfinite(epoch):
+        epoch = None
+    return [_point((key, value, step, epoch)) for key, value in data.items() if key not in _NOT_METRICS and isfinite(value)]
 
 
 def from_trainer_status(status: dict[str, Any] | None) -> list[MetricPoint]:
@@ -141,6 +158,22 @@ class MetricSeries:
         found = parse_line(line)
         self.points.extend(found)
         return len(found)
+
+    def feed_text(self, text: str) -> int:
+        """Parse several output lines joined by newlines as :meth:`feed` would one by one; return how many points they added.
+
+        Only the lines that hold a ``=`` or a ``{`` are looked at: the others hold no metric.
+        """
+        before = len(self.points)
+        add = self.points.extend
+        end = 0
+        while (mark := _MARK.search(text, end)) is not None:
+            at = mark.start()
+            end = text.find("\n", at)
+            if end == -1:
+                end = len(text)
+            add(parse_line(text[text.rfind("\n", 0, at) + 1 : end]))
+        return len(self.points) - before
 
     def extend(self, points: list[MetricPoint]) -> None:
         """Add points from another source (e.g. the TrainJob status)."""

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import random
+import re
+
 import pytest
 
+from kfp_trainer import metrics
 from kfp_trainer.metrics import MetricPoint, MetricSeries, from_trainer_status, lower_is_better, parse_line
 
 
@@ -76,3 +80,19 @@ def test_a_printed_dict_with_non_string_keys_is_parsed_not_raised():
 def test_lines_without_pairs_or_mappings_carry_no_metrics():
     assert parse_line("Epoch 3 finished in 12.5 s") == []
     assert parse_line("note:\tÜbung — données ✓ 7919") == []
+
+
+def test_name_value_pairs_are_those_a_name_not_following_a_word_character_dot_or_dash_starts():
+    # The rule written plainly (a look-behind before the name); the module's pattern is a faster spelling of it.
+    plain = re.compile(r"(?<![\w.-])([A-Za-z][\w./-]*)\s*=\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
+    rng = random.Random(11)
+    alphabet = "ab Z9=.-+eE_/\t{}ü:,1"
+    for _ in range(20000):
+        line = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24)))
+        assert metrics._KATIB.findall(line) == plain.findall(line), line
+
+
+def test_pairs_give_points_as_a_mapping_of_them_would():
+    line = "epoch=2 step=10 loss=0.5 loss=0.25 rank=0 lr=3e-4 big=1e999 global_step=9"
+    assert parse_line(line) == [MetricPoint("loss", 0.25, 10.0, 2.0), MetricPoint("lr", 3e-4, 10.0, 2.0)]
+    assert parse_line("global_step=9 epoch=1e999 acc=0.5") == [MetricPoint("acc", 0.5, 9.0, None)]
