@@ -14,7 +14,8 @@ blocks cut anywhere (an API server copies its kubelet's stream 32 KiB at a time)
   a thread; the pipe's bytes must equal the log's lines.
 
 A rate is the lines divided by the time from the request to the last byte through the pipe
-(the ceiling: to the last byte read). ``--profile`` runs ``ours`` once more under cProfile and
+(the ceiling: to the last byte read); the CPU time per line is this process's (all its
+threads; not the server's), steadier than the rate on a busy machine. ``--profile`` runs ``ours`` once more under cProfile and
 prints where its time went.
 """
 
@@ -102,9 +103,9 @@ class Drain:
         return bytes(self.data)
 
 
-def ceiling(api: Client, n: int) -> float:
-    """Lines/s of a loop that only counts the newlines of the streamed response."""
-    start = time.perf_counter()
+def ceiling(api: Client, n: int) -> tuple[float, float]:
+    """Lines/s of a loop that only counts the newlines of the streamed response, and its CPU microseconds per line."""
+    start, cpu = time.perf_counter(), time.process_time()
     stream = api.request("GET", PATH, query=[("container", "node"), ("follow", "true"), ("timestamps", "true")], stream=True)
     count = 0
     for chunk in stream.response.stream(None):
@@ -112,26 +113,26 @@ def ceiling(api: Client, n: int) -> float:
     stream.close()
     if count != n:
         raise RuntimeError(f"the ceiling loop counted {count} lines, expected {n}")
-    return n / (time.perf_counter() - start)
+    return n / (time.perf_counter() - start), (time.process_time() - cpu) / n * 1e6
 
 
-def ours(api: Client, n: int, expected: bytes) -> float:
-    """Lines/s of the launcher's path: the log follower into the printer into a pipe; checks the bytes."""
+def ours(api: Client, n: int, expected: bytes) -> tuple[float, float]:
+    """Lines/s of the launcher's path (the log follower into the printer into a pipe), CPU microseconds per line; checks the bytes."""
     drain = Drain()
     printer = Printer(drain.out, MetricSeries(), prefix=False, on_first=lambda: None)
     follower = NodeLogFollower(api, namespace="bench", job="relay", replicated_job="node", index=0, sink=printer,
                                stop=threading.Event(), source="node-0")  # fmt: skip
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     follower._read(POD, _Cursor(), follow=True)
     printer.close()
     got = drain.finish()
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     if got != expected:
-        at = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+        at = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected)))
         raise RuntimeError(f"ours is not byte-exact: {len(got)} bytes, expected {len(expected)}; first difference at {at}")
     if printer.count != n or len(printer.metrics.points) == 0:
         raise RuntimeError(f"ours relayed {printer.count} lines ({len(printer.metrics.points)} metric points), expected {n}")
-    return n / seconds
+    return n / seconds, cpu / n * 1e6
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -159,14 +160,16 @@ def main(argv: list[str] | None = None) -> None:
         try:
             with Client(Credentials(host=f"http://127.0.0.1:{port}")) as api:
                 if args.rounds:
-                    rates: dict[str, list[float]] = {"ceiling": [], "ours": []}
+                    runs: dict[str, list[tuple[float, float]]] = {"ceiling": [], "ours": []}
                     for _ in range(args.rounds):
-                        rates["ceiling"].append(ceiling(api, args.lines))
-                        rates["ours"].append(ours(api, args.lines, expected))
-                    print(f"{args.lines} lines, {len(body)} bytes, {what}, {args.rounds} rounds (median lines/s; runs):")
-                    for side, values in rates.items():
-                        runs = " ".join(f"{v / 1000:.1f}k" for v in values)
-                        print(f"  {side:8} {statistics.median(values) / 1000:8.1f}k   ({runs})")
+                        runs["ceiling"].append(ceiling(api, args.lines))
+                        runs["ours"].append(ours(api, args.lines, expected))
+                    print(f"{args.lines} lines, {len(body)} bytes, {what}, {args.rounds} rounds "
+                          "(median lines/s, median CPU microseconds per line of this process; runs):")  # fmt: skip
+                    for side, values in runs.items():
+                        rates, cpus = [v[0] for v in values], [v[1] for v in values]
+                        each = " ".join(f"{v / 1000:.1f}k" for v in rates)
+                        print(f"  {side:8} {statistics.median(rates) / 1000:8.1f}k  {statistics.median(cpus):6.2f} us   ({each})")
                 if block == args.profile:
                     profiler = cProfile.Profile()
                     profiler.enable()
