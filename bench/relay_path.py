@@ -4,19 +4,22 @@
 timestamps a kubelet adds for ``timestamps=true``) from a small HTTP server in a child process,
 as a chunked response cut either into one chunk per line (a kubelet flushes each line) or into
 blocks cut anywhere (an API server copies its kubelet's stream 32 KiB at a time). In turn,
-``--rounds`` times, two readers fetch it over one client of the Kubernetes backend
+``--rounds`` times, three readers fetch it over one client of the Kubernetes backend
 (:class:`kfp_trainer.backends.kube.client.Client`):
 
-* ``ceiling``: a plain loop over the streamed response that only counts newlines;
+* ``urllib3``: a plain loop over urllib3's reads of the response (a chunk at a time, as the
+  raw reader of :mod:`bench.relay` and the kubeflow SDK read it) that only counts newlines;
+* ``reads``: the same loop over the reads the relay makes (:mod:`kfp_trainer.backends.kube.chunked`:
+  all that has arrived at a time) -- the ceiling of ours;
 * ``ours``: the launcher's path -- :class:`~kfp_trainer.backends.kube.logs.NodeLogFollower`
   reading one container's log into a :class:`~kfp_trainer.relay.Printer` that writes to a
   pipe (its text layer set up as ``sys.stdout`` is when a pipe is the step's log), drained by
   a thread; the pipe's bytes must equal the log's lines.
 
 A rate is the lines divided by the time from the request to the last byte through the pipe
-(the ceiling: to the last byte read); the CPU time per line is this process's (all its
-threads; not the server's), steadier than the rate on a busy machine. ``--profile`` runs ``ours`` once more under cProfile and
-prints where its time went.
+(the plain loops: to the last byte read); the CPU time per line is this process's (all its
+threads; not the server's), steadier than the rate on a busy machine. ``--profile`` runs
+``ours`` once more under cProfile and prints where its time went.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import time
 from typing import Any
 
 from bench.relay import cri, log_lines
+from kfp_trainer.backends.kube.chunked import body_pieces
 from kfp_trainer.backends.kube.client import Client
 from kfp_trainer.backends.kube.credentials import Credentials
 from kfp_trainer.backends.kube.logs import NodeLogFollower, _Cursor
@@ -103,16 +107,19 @@ class Drain:
         return bytes(self.data)
 
 
-def ceiling(api: Client, n: int) -> tuple[float, float]:
+def plain(api: Client, n: int, *, urllib3: bool) -> tuple[float, float]:
     """Lines/s of a loop that only counts the newlines of the streamed response, and its CPU microseconds per line."""
     start, cpu = time.perf_counter(), time.process_time()
     stream = api.request("GET", PATH, query=[("container", "node"), ("follow", "true"), ("timestamps", "true")], stream=True)
+    reads = stream.response.stream(None) if urllib3 else body_pieces(stream.response)
+    if reads is None:
+        raise RuntimeError("the relay would not read this response as it comes")
     count = 0
-    for chunk in stream.response.stream(None):
+    for chunk in reads:
         count += chunk.count(b"\n")
     stream.close()
     if count != n:
-        raise RuntimeError(f"the ceiling loop counted {count} lines, expected {n}")
+        raise RuntimeError(f"the plain loop counted {count} lines, expected {n}")
     return n / (time.perf_counter() - start), (time.process_time() - cpu) / n * 1e6
 
 
@@ -160,9 +167,10 @@ def main(argv: list[str] | None = None) -> None:
         try:
             with Client(Credentials(host=f"http://127.0.0.1:{port}")) as api:
                 if args.rounds:
-                    runs: dict[str, list[tuple[float, float]]] = {"ceiling": [], "ours": []}
+                    runs: dict[str, list[tuple[float, float]]] = {"urllib3": [], "reads": [], "ours": []}
                     for _ in range(args.rounds):
-                        runs["ceiling"].append(ceiling(api, args.lines))
+                        runs["urllib3"].append(plain(api, args.lines, urllib3=True))
+                        runs["reads"].append(plain(api, args.lines, urllib3=False))
                         runs["ours"].append(ours(api, args.lines, expected))
                     print(f"{args.lines} lines, {len(body)} bytes, {what}, {args.rounds} rounds "
                           "(median lines/s, median CPU microseconds per line of this process; runs):")  # fmt: skip

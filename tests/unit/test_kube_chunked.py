@@ -13,6 +13,9 @@ from kfp_trainer.backends.kube.apierrors import TransportError
 from kfp_trainer.backends.kube.chunked import BrokenBody, body_pieces, dechunk
 from kfp_trainer.backends.kube.client import Client
 from kfp_trainer.backends.kube.credentials import Credentials
+from kfp_trainer.backends.kube.logs import NodeLogFollower, _Cursor
+from kfp_trainer.metrics import MetricSeries
+from kfp_trainer.relay import Printer
 
 
 class Arrivals:
@@ -71,7 +74,10 @@ def test_a_body_that_breaks_off_or_is_not_chunked_is_refused(wire, says):
 
 
 class ChunkServer:
-    """Serves each GET the next scripted answer: (head, list of (pause seconds, bytes)) written as they come."""
+    """Serves each GET the next scripted answer: (head, list of (pause, bytes)) written as they come.
+
+    A pause is seconds, or an event to wait for; ``None`` as bytes cuts the connection.
+    """
 
     def __init__(self) -> None:
         self.answers: list[tuple[bytes, list[tuple[float, bytes]]]] = []
@@ -102,7 +108,10 @@ class ChunkServer:
                 head, parts = self.answers.pop(0)
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n" + head + b"\r\n")
                 for pause, part in parts:
-                    time.sleep(pause)
+                    if isinstance(pause, threading.Event):
+                        pause.wait(10)
+                    else:
+                        time.sleep(pause)
                     if part is None:
                         conn.shutdown(socket.SHUT_RDWR)
                         return
@@ -148,3 +157,38 @@ def test_a_body_of_known_length_is_read_by_urllib3(server):
     assert body_pieces(stream.response) is None
     assert list(stream.lines()) == [b"line 1", b"line 2"]
     stream.close()
+
+
+class Log:
+    """The step's log: what was flushed to it."""
+
+    def __init__(self) -> None:
+        self.pending, self.flushed = "", ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        return len(text)
+
+    def flush(self) -> None:
+        self.flushed, self.pending = self.flushed + self.pending, ""
+
+
+def test_a_line_is_in_the_step_log_while_the_trainer_has_not_written_the_next(server):
+    seen = threading.Event()
+    first = b"2026-05-01T10:00:01.000000001Z epoch 1: loss=0.5\n"
+    rest = b"2026-05-01T10:00:02.000000001Z epoch 2: loss=0.25\n"
+    server.answers = [(b"Transfer-Encoding: chunked\r\n", [(0.0, b"%x\r\n%s\r\n" % (len(first), first)),
+                                                        (seen, b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))])]  # fmt: skip
+    log = Log()
+    printer = Printer(log, MetricSeries(), False, lambda: None)
+    follower = NodeLogFollower(Client(Credentials(server.url)), namespace="ns", job="tj", replicated_job="node", index=0,
+                               sink=printer, stop=threading.Event(), source="node-0")  # fmt: skip
+    reading = threading.Thread(target=follower._read, args=("p", _Cursor()), kwargs={"follow": True}, daemon=True)
+    reading.start()
+    deadline = time.monotonic() + 10
+    while log.flushed != "epoch 1: loss=0.5\n" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert log.flushed == "epoch 1: loss=0.5\n"  # the trainer is quiet: the line waits for nothing
+    seen.set()
+    reading.join(10)
+    assert log.flushed == "epoch 1: loss=0.5\nepoch 2: loss=0.25\n" and printer.metrics.final() == {"loss": 0.25}
