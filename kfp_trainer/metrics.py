@@ -27,9 +27,12 @@ import ast
 import json
 import math
 import re
+import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from math import isfinite
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 POSITION_KEYS = ("step", "global_step", "epoch")
@@ -38,6 +41,12 @@ POSITION_KEYS = ("step", "global_step", "epoch")
 _KATIB = re.compile(r"([A-Za-z](?<![\w.-][A-Za-z])[\w./-]*+)\s*+=\s*+([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
 _LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|err|mse|mae|rmse|wer|cer)", re.IGNORECASE)
 _MARK = re.compile(r"[={]")  # a line without either holds no metric
+# A line's shape: ASCII letters as "a" (e and E as "e", the pattern's exponent), digits as "0", all else kept.
+_SHAPE = bytes.maketrans(
+    (string.ascii_letters.replace("e", "").replace("E", "") + "eE" + string.digits).encode(), b"a" * 50 + b"ee" + b"0" * 10
+)
+_PLANS: dict[bytes, _Plan | None] = {}  # by shape; None: no pairs
+_UNKNOWN = object()
 _POSITIONS = frozenset(POSITION_KEYS)
 _SKIP_KEYS = frozenset({"rank", "local_rank", "node_rank", "world_size", "pid", "port"})
 _NOT_METRICS = _POSITIONS | _SKIP_KEYS
@@ -99,8 +108,62 @@ def parse_line(line: str) -> list[MetricPoint]:
                 continue
             if isinstance(data, dict):
                 return _from_mapping(data)
-    pairs = _KATIB.findall(text)
-    return _from_pairs(pairs) if pairs else []
+    return _pair_points(line)
+
+
+def _pair_points(line: str) -> list[MetricPoint]:
+    """The points of the ``name=value`` pairs in ``line`` (as :func:`_from_pairs` of the pattern's matches).
+
+    The pattern tells letters, ``e``/``E`` and digits apart only by those classes, so lines
+    of one shape (:data:`_SHAPE`) have their pairs at the same places: the pattern runs once
+    per shape (:class:`_Plan`), and each line is cut where its first one matched.
+    """
+    shape = line.encode("utf-8", "surrogatepass").translate(_SHAPE)
+    plan = _PLANS.get(shape, _UNKNOWN)
+    if plan is _UNKNOWN:
+        spans = [(m.start(1), m.end(1), m.start(2), m.end(2)) for m in _KATIB.finditer(line)]
+        plan = _Plan(line, spans) if spans else None
+        if len(_PLANS) >= 4096:
+            _PLANS.clear()
+        _PLANS[shape] = plan
+    return plan.points(line) if plan is not None else []
+
+
+class _Plan:
+    """Where the pairs of one line shape are, and what the first line of that shape named them."""
+
+    __slots__ = ("names", "names_of", "values_of", "metrics", "step", "epoch")
+
+    def __init__(self, line: str, spans: list[tuple[int, int, int, int]]) -> None:
+        self.names_of = _cutter([slice(a, b) for a, b, _, _ in spans])
+        self.values_of = _cutter([slice(c, d) for _, _, c, d in spans])
+        self.names: tuple[str, ...] = self.names_of(line)
+        last = {name: i for i, name in enumerate(self.names)}  # first-seen order, last value
+        self.metrics = tuple((name, i) for name, i in last.items() if name not in _NOT_METRICS)
+        self.step = last.get("step", last.get("global_step"))
+        self.epoch = last.get("epoch")
+
+    def points(self, line: str) -> list[MetricPoint]:
+        """The points of ``line``, a line of this shape."""
+        names = self.names_of(line)
+        if names != self.names:  # the same shape, other names
+            return _from_pairs(list(zip(names, self.values_of(line), strict=True)))
+        values = [float(v) for v in self.values_of(line)]
+        step = None if self.step is None else values[self.step]
+        epoch = None if self.epoch is None else values[self.epoch]
+        if step is not None and not isfinite(step):
+            step = None
+        if epoch is not None and not isfinite(epoch):
+            epoch = None
+        return [_point((name, value, step, epoch)) for name, i in self.metrics if isfinite(value := values[i])]
+
+
+def _cutter(parts: list[slice]) -> Callable[[str], tuple[str, ...]]:
+    """A function that cuts a text into these parts (in C: :func:`operator.itemgetter`), always a tuple."""
+    if len(parts) == 1:
+        part = parts[0]
+        return lambda text: (text[part],)
+    return itemgetter(*parts)
 
 
 def _from_pairs(pairs: list[tuple[str, str]]) -> list[MetricPoint]:
@@ -172,7 +235,8 @@ class MetricSeries:
             end = text.find("\n", at)
             if end == -1:
                 end = len(text)
-            add(parse_line(text[text.rfind("\n", 0, at) + 1 : end]))
+            line = text[text.rfind("\n", 0, at) + 1 : end]
+            add(parse_line(line) if "{" in line else _pair_points(line))
         return len(self.points) - before
 
     def extend(self, points: list[MetricPoint]) -> None:
