@@ -4,13 +4,15 @@
 timestamps a kubelet adds for ``timestamps=true``) from a small HTTP server in a child process,
 as a chunked response cut either into one chunk per line (a kubelet flushes each line) or into
 blocks cut anywhere (an API server copies its kubelet's stream 32 KiB at a time). In turn,
-``--rounds`` times, three readers fetch it over one client of the Kubernetes backend
+``--rounds`` times, four readers fetch it over one client of the Kubernetes backend
 (:class:`kfp_trainer.backends.kube.client.Client`):
 
 * ``urllib3``: a plain loop over urllib3's reads of the response (a chunk at a time, as the
   raw reader of :mod:`bench.relay` and the kubeflow SDK read it) that only counts newlines;
 * ``reads``: the same loop over the reads the relay makes (:mod:`kfp_trainer.backends.kube.chunked`:
   all that has arrived at a time) -- the ceiling of ours;
+* ``sdk``: the kubeflow SDK's way (``get_job_logs(follow=True)`` reads the log without
+  timestamps through the ``kubernetes`` library's ``iter_resp_lines``) with each line printed;
 * ``ours``: the launcher's path -- :class:`~kfp_trainer.backends.kube.logs.NodeLogFollower`
   reading one container's log into a :class:`~kfp_trainer.relay.Printer` that writes to a
   pipe (its text layer set up as ``sys.stdout`` is when a pipe is the step's log), drained by
@@ -66,7 +68,7 @@ def chunked(body: bytes, block: int) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
 
 
-def _serve(ready: Any, wire: bytes) -> None:
+def _serve(ready: Any, stamped: bytes, plain: bytes) -> None:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -75,7 +77,7 @@ def _serve(ready: Any, wire: bytes) -> None:
             self.send_header("Content-Type", "text/plain")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            self.wfile.write(wire)
+            self.wfile.write(stamped if "timestamps=true" in self.path else plain)
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -123,6 +125,26 @@ def plain(api: Client, n: int, *, urllib3: bool) -> tuple[float, float]:
     return n / (time.perf_counter() - start), (time.process_time() - cpu) / n * 1e6
 
 
+def sdk(api: Client, n: int, expected: bytes) -> tuple[float, float]:
+    """Lines/s and CPU microseconds per line of the SDK's reading, each line printed to a pipe; checks the bytes."""
+    from kubernetes.watch.watch import iter_resp_lines
+
+    def log_stream(response: Any) -> Any:  # Watch.stream hands a log's lines on as they come
+        yield from iter_resp_lines(response)
+
+    drain = Drain()
+    start, cpu = time.perf_counter(), time.process_time()
+    stream = api.request("GET", PATH, query=[("container", "node"), ("follow", "true")], stream=True)
+    for line in log_stream(stream.response):
+        print(line, file=drain.out)
+    stream.close()
+    got = drain.finish()
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if got != expected:
+        raise RuntimeError(f"the SDK's way is not byte-exact: {len(got)} bytes, expected {len(expected)}")
+    return n / seconds, cpu / n * 1e6
+
+
 def ours(api: Client, n: int, expected: bytes) -> tuple[float, float]:
     """Lines/s of the launcher's path (the log follower into the printer into a pipe), CPU microseconds per line; checks the bytes."""
     drain = Drain()
@@ -160,17 +182,18 @@ def main(argv: list[str] | None = None) -> None:
     context = multiprocessing.get_context("fork")
     for block in blocks:
         recv, send = context.Pipe(duplex=False)
-        server = context.Process(target=_serve, args=(send, chunked(body, block)), daemon=True)
+        server = context.Process(target=_serve, args=(send, chunked(body, block), chunked(expected, block)), daemon=True)
         server.start()
         port = recv.recv()
         what = "one chunk per line" if block == 0 else f"{block}-byte chunks"
         try:
             with Client(Credentials(host=f"http://127.0.0.1:{port}")) as api:
                 if args.rounds:
-                    runs: dict[str, list[tuple[float, float]]] = {"urllib3": [], "reads": [], "ours": []}
+                    runs: dict[str, list[tuple[float, float]]] = {"urllib3": [], "reads": [], "sdk": [], "ours": []}
                     for _ in range(args.rounds):
                         runs["urllib3"].append(plain(api, args.lines, urllib3=True))
                         runs["reads"].append(plain(api, args.lines, urllib3=False))
+                        runs["sdk"].append(sdk(api, args.lines, expected))
                         runs["ours"].append(ours(api, args.lines, expected))
                     print(f"{args.lines} lines, {len(body)} bytes, {what}, {args.rounds} rounds "
                           "(median lines/s, median CPU microseconds per line of this process; runs):")  # fmt: skip
