@@ -151,6 +151,19 @@ def test_a_log_cut_mid_chunk_is_a_transport_error(server):
     assert got == [b"line 1"]
 
 
+def test_a_stream_quiet_for_longer_than_its_read_timeout_is_a_transport_error(server):
+    quiet = threading.Event()
+    server.answers = [(b"Transfer-Encoding: chunked\r\n", [(0.0, b"7\r\nline 1\n\r\n"), (quiet, b"0\r\n\r\n")])]
+    stream = Client(Credentials(server.url)).request("GET", "/log", stream=True, timeout=(5, 0.3))
+    got = []
+    with pytest.raises(TransportError, match="timed out"):
+        for batch in stream.batches():
+            got.extend(batch)
+    stream.close()
+    quiet.set()
+    assert got == [b"line 1"]
+
+
 def test_a_body_of_known_length_is_read_by_urllib3(server):
     server.answers = [(b"Content-Length: 13\r\n", [(0.0, b"line 1\nline 2")])]
     stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
