@@ -4,13 +4,12 @@
 timestamps a kubelet adds for ``timestamps=true``) from a small HTTP server in a child process,
 as a chunked response cut either into one chunk per line (a kubelet flushes each line) or into
 blocks cut anywhere (an API server copies its kubelet's stream 32 KiB at a time). In turn,
-``--rounds`` times, four readers fetch it over one client of the Kubernetes backend
+``--rounds`` times, three readers fetch it over one client of the Kubernetes backend
 (:class:`kfp_trainer.backends.kube.client.Client`):
 
 * ``urllib3``: a plain loop over urllib3's reads of the response (a chunk at a time, as the
-  raw reader of :mod:`bench.relay` and the kubeflow SDK read it) that only counts newlines;
-* ``reads``: the same loop over the reads the relay makes (:mod:`kfp_trainer.backends.kube.chunked`:
-  all that has arrived at a time) -- the ceiling of ours;
+  raw reader of :mod:`bench.relay`, the kubeflow SDK and ours read it) that only counts
+  newlines -- the ceiling of this path;
 * ``sdk``: the kubeflow SDK's way (``get_job_logs(follow=True)`` reads the log without
   timestamps through the ``kubernetes`` library's ``iter_resp_lines``) with each line printed;
 * ``ours``: the launcher's path -- :class:`~kfp_trainer.backends.kube.logs.NodeLogFollower`
@@ -39,7 +38,6 @@ import time
 from typing import Any
 
 from bench.relay import cri, log_lines
-from kfp_trainer.backends.kube.chunked import body_pieces
 from kfp_trainer.backends.kube.client import Client
 from kfp_trainer.backends.kube.credentials import Credentials
 from kfp_trainer.backends.kube.logs import NodeLogFollower, _Cursor
@@ -109,15 +107,12 @@ class Drain:
         return bytes(self.data)
 
 
-def plain(api: Client, n: int, *, urllib3: bool) -> tuple[float, float]:
+def plain(api: Client, n: int) -> tuple[float, float]:
     """Lines/s of a loop that only counts the newlines of the streamed response, and its CPU microseconds per line."""
     start, cpu = time.perf_counter(), time.process_time()
     stream = api.request("GET", PATH, query=[("container", "node"), ("follow", "true"), ("timestamps", "true")], stream=True)
-    reads = stream.response.stream(None) if urllib3 else body_pieces(stream.response)
-    if reads is None:
-        raise RuntimeError("the relay would not read this response as it comes")
     count = 0
-    for chunk in reads:
+    for chunk in stream.response.stream(None):
         count += chunk.count(b"\n")
     stream.close()
     if count != n:
@@ -189,10 +184,9 @@ def main(argv: list[str] | None = None) -> None:
         try:
             with Client(Credentials(host=f"http://127.0.0.1:{port}")) as api:
                 if args.rounds:
-                    runs: dict[str, list[tuple[float, float]]] = {"urllib3": [], "reads": [], "sdk": [], "ours": []}
+                    runs: dict[str, list[tuple[float, float]]] = {"urllib3": [], "sdk": [], "ours": []}
                     for _ in range(args.rounds):
-                        runs["urllib3"].append(plain(api, args.lines, urllib3=True))
-                        runs["reads"].append(plain(api, args.lines, urllib3=False))
+                        runs["urllib3"].append(plain(api, args.lines))
                         runs["sdk"].append(sdk(api, args.lines, expected))
                         runs["ours"].append(ours(api, args.lines, expected))
                     print(f"{args.lines} lines, {len(body)} bytes, {what}, {args.rounds} rounds "

@@ -38,7 +38,6 @@ import urllib3
 
 from ...errors import CredentialsError
 from .apierrors import TransportError, api_error
-from .chunked import body_pieces
 from .credentials import Credentials
 
 log = logging.getLogger(__name__)
@@ -77,18 +76,16 @@ class Stream:
     def batches(self) -> Iterator[list[bytes]]:
         """The lines of the body, split at newlines only, blank ones kept: for each piece that arrived, those it completed.
 
-        A piece is all that has arrived of a chunked body (:mod:`.chunked`), else what urllib3
-        reads at once. It is split once; a line is handed on as soon as its piece has arrived,
-        and the lines of one piece go together, so a reader can do per piece what it would do
-        per line.
+        A piece is what urllib3 reads at once (an HTTP chunk of a chunked body). It is split
+        once; a line is handed on as soon as its piece has arrived, and the lines of one piece
+        go together, so a reader can do per piece what it would do per line.
 
         Raises:
             TransportError: The connection broke (or was shut down) before the body ended.
         """
         buffer = b""
         try:
-            pieces = body_pieces(self.response) or self.response.stream(amt=None, decode_content=True)
-            for chunk in pieces:
+            for chunk in self.response.stream(amt=None, decode_content=True):
                 if b"\n" not in chunk:
                     buffer += chunk
                     continue

@@ -1,4 +1,4 @@
-"""Chunked bodies read as they come: the same bytes as urllib3 reads, framing errors refused, the connection reusable."""
+"""Streamed bodies (a followed log): lines as they come, a broken or quiet stream a TransportError, the connection reusable."""
 
 from __future__ import annotations
 
@@ -10,28 +10,11 @@ import time
 import pytest
 
 from kfp_trainer.backends.kube.apierrors import TransportError
-from kfp_trainer.backends.kube.chunked import BrokenBody, body_pieces, dechunk
 from kfp_trainer.backends.kube.client import Client
 from kfp_trainer.backends.kube.credentials import Credentials
 from kfp_trainer.backends.kube.logs import NodeLogFollower, _Cursor
 from kfp_trainer.metrics import MetricSeries
 from kfp_trainer.relay import Printer
-
-
-class Arrivals:
-    """A reader whose ``read1`` hands on the bytes in the pieces they arrived in, one piece per call at most."""
-
-    def __init__(self, pieces: list[bytes]) -> None:
-        self.pieces = [p for p in pieces if p]
-
-    def read1(self, size: int = -1) -> bytes:
-        if not self.pieces:
-            return b""
-        piece = self.pieces.pop(0)
-        if 0 <= size < len(piece):
-            self.pieces.insert(0, piece[size:])
-            piece = piece[:size]
-        return piece
 
 
 def encode(body: bytes, rng: random.Random) -> bytes:
@@ -43,34 +26,6 @@ def encode(body: bytes, rng: random.Random) -> bytes:
         at += size
     return b"".join(out) + b"0\r\n" + rng.choice([b"", b"Trailer: x\r\n"]) + b"\r\n"
 
-
-def cut(data: bytes, rng: random.Random) -> list[bytes]:
-    cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(0, 12)))) if len(data) > 1 else []
-    return [data[i:j] for i, j in zip([0, *cuts], [*cuts, len(data)], strict=True)]
-
-
-def test_any_chunking_arriving_in_any_pieces_gives_the_body_back():
-    rng = random.Random(9)
-    for _ in range(2000):
-        body = bytes(rng.choice(b"ab\n\r0;") for _ in range(rng.randint(0, 300)))
-        pieces = list(dechunk(Arrivals(cut(encode(body, rng), rng))))
-        assert b"".join(pieces) == body and all(pieces)
-
-
-@pytest.mark.parametrize(
-    ("wire", "says"),
-    [
-        (b"5\r\nab", "ended before its last chunk"),
-        (b"2\r\nabc\r\n0\r\n\r\n", "longer than its size"),
-        (b"zz\r\nab\r\n", "not a chunk size"),
-        (b"-2\r\nab\r\n", "not a chunk size"),
-        (b"2\r\nab\r\n0\r\nTrailer: x\r\n", "within its trailers"),
-        (b"1" * 5000, "size line is too long"),
-    ],
-)
-def test_a_body_that_breaks_off_or_is_not_chunked_is_refused(wire, says):
-    with pytest.raises(BrokenBody, match=says):
-        list(dechunk(Arrivals([wire])))
 
 
 class ChunkServer:
@@ -133,7 +88,6 @@ def test_a_followed_log_comes_line_by_line_as_it_is_written_and_the_connection_s
                       (b"Content-Length: 2\r\n", [(0.0, b"ok")])]  # fmt: skip
     api = Client(Credentials(server.url))
     stream = api.request("GET", "/api/v1/namespaces/ns/pods/p/log", stream=True)
-    assert body_pieces(stream.response) is not None  # read here, not by urllib3, with the urllib3 this project pins
     got = [line for batch in stream.batches() for line in batch]
     stream.close()
     assert got == lines and stream.finished
@@ -164,10 +118,9 @@ def test_a_stream_quiet_for_longer_than_its_read_timeout_is_a_transport_error(se
     assert got == [b"line 1"]
 
 
-def test_a_body_of_known_length_is_read_by_urllib3(server):
+def test_a_body_of_known_length_gives_its_lines(server):
     server.answers = [(b"Content-Length: 13\r\n", [(0.0, b"line 1\nline 2")])]
     stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
-    assert body_pieces(stream.response) is None
     assert list(stream.lines()) == [b"line 1", b"line 2"]
     stream.close()
 
