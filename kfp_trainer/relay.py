@@ -1,4 +1,4 @@
-"""The trainer's log relayed to the step's log: each line written, parsed for metrics, flushed per read or burst.
+"""The trainer's log relayed to the step's log: each line written, parsed for metrics, flushed in bursts.
 
 Example:
     >>> import io
@@ -26,11 +26,9 @@ FLUSH_DELAY = 0.02  # seconds a relayed line may wait in the buffer for others t
 class Printer(BatchSink):
     """Thread-safe sink: prints trainer lines (prefixed when several nodes) and parses metrics.
 
-    A batch (:meth:`batch`: what a follower read at once, all that had arrived) is written
-    and flushed at once: one write to the pipe per read, none per line, and nothing waits
-    while nothing more is coming. Lines given one at a time are written at once and flushed
-    by a thread of their own at most ``FLUSH_DELAY`` seconds later: one write per burst.
-    ``close()`` flushes the rest at once.
+    Lines are written at once and flushed by a thread of their own at most ``FLUSH_DELAY``
+    seconds later: one write to the pipe per burst, not per line, while a long log is
+    relayed; ``close()`` flushes the rest at once.
     """
 
     def __init__(self, out: TextIO, metrics: MetricSeries, prefix: bool, on_first: Callable[[], None]) -> None:
@@ -49,7 +47,6 @@ class Printer(BatchSink):
         with self.lock:
             if self.count == 0:
                 self.on_first()
-            if self._flusher is None and not self._closed:
                 self._flusher = threading.Thread(target=self._flush_soon, name="trainer-logs-flush", daemon=True)
                 self._flusher.start()
             self.count += 1
@@ -61,14 +58,19 @@ class Printer(BatchSink):
             self._unflushed.set()
 
     def batch(self, source: str, text: str, count: int) -> None:
-        """Write and flush ``count`` lines of ``source`` (``text``: joined by newlines), then parse them for metrics."""
+        """Write ``count`` lines of ``source`` at once (``text``: joined by newlines), feed them to the metric parser."""
         with self.lock:
             if self.count == 0:
                 self.on_first()
+                self._flusher = threading.Thread(target=self._flush_soon, name="trainer-logs-flush", daemon=True)
+                self._flusher.start()
             self.count += count
             self.out.write(f"[{source}] " + text.replace("\n", f"\n[{source}] ") + "\n" if self.prefix else text + "\n")
-            self.out.flush()
+            if self._closed:
+                self.out.flush()
             self.metrics.feed_text(text)
+        if not self._unflushed.is_set():
+            self._unflushed.set()
 
     def _flush_soon(self) -> None:
         while True:

@@ -64,14 +64,3 @@ def test_close_leaves_no_flushing_thread_behind():
     printer(LogLine("node-0", "x"))
     printer.close()
     assert [t.name for t in set(threading.enumerate()) - before] == []
-
-
-def test_a_batch_is_in_the_log_when_it_returns_and_leaves_no_thread():
-    before = set(threading.enumerate())
-    pipe = Pipe()
-    printer = Printer(pipe, MetricSeries(), False, lambda: None)
-    printer.batch("node-0", "step=1 loss=0.5\nstep=2 loss=0.25", 2)
-    assert pipe.flushed == "step=1 loss=0.5\nstep=2 loss=0.25\n" and pipe.flushes == 1  # no waiting for a flusher
-    assert [t.name for t in set(threading.enumerate()) - before] == []
-    printer.close()
-    assert printer.count == 2 and len(printer.metrics.series("loss")) == 2
