@@ -27,15 +27,28 @@ import ast
 import json
 import math
 import re
-from collections.abc import Mapping
+import string
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
+from math import isfinite
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 POSITION_KEYS = ("step", "global_step", "epoch")
-_KATIB = re.compile(r"(?<![\w.-])([A-Za-z][\w./-]*)\s*=\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
+# name=value; the name's first letter comes first (the search skips to letters) and is then checked not to follow
+# [\w.-]: the same as a look-behind before it, found faster; possessive where nothing could be given back anyway.
+_KATIB = re.compile(r"([A-Za-z](?<![\w.-][A-Za-z])[\w./-]*+)\s*+=\s*+([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
 _LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|err|mse|mae|rmse|wer|cer)", re.IGNORECASE)
+_MARK = re.compile(r"[={]")  # a line without either holds no metric
+# A line's shape: ASCII letters as "a" (e and E as "e", the pattern's exponent), digits as "0", all else kept.
+_SHAPE = bytes.maketrans(
+    (string.ascii_letters.replace("e", "").replace("E", "") + "eE" + string.digits).encode(), b"a" * 50 + b"ee" + b"0" * 10
+)
+_PLANS: dict[bytes, _Plan | None] = {}  # by shape; None: no pairs
 _POSITIONS = frozenset(POSITION_KEYS)
 _SKIP_KEYS = frozenset({"rank", "local_rank", "node_rank", "world_size", "pid", "port"})
+_NOT_METRICS = _POSITIONS | _SKIP_KEYS
 # Settings and throughput, not results: they have a last value but no "best" one.
 _NOT_A_SCORE = re.compile(r"(learning_rate|^lr$|runtime|per_second|grad_norm|epoch|steps?$|batch_size)")
 
@@ -47,6 +60,9 @@ class MetricPoint(NamedTuple):
     value: float
     step: float | None = None
     epoch: float | None = None
+
+
+_point = partial(tuple.__new__, MetricPoint)  # MetricPoint((name, value, step, epoch)) without the keyword handling
 
 
 def _numeric(value: Any) -> float | None:
@@ -91,16 +107,79 @@ def parse_line(line: str) -> list[MetricPoint]:
                 continue
             if isinstance(data, dict):
                 return _from_mapping(data)
-    pairs = _KATIB.findall(text)
-    if not pairs:
-        return []
-    data = {}
-    for key, value in pairs:
-        try:
-            data[key] = float(value)
-        except ValueError:
-            continue
-    return _from_mapping(data)
+    return _pair_points(line)
+
+
+def _pair_points(line: str) -> list[MetricPoint]:
+    """The points of the ``name=value`` pairs in ``line`` (as :func:`_from_pairs` of the pattern's matches).
+
+    The pattern tells letters, ``e``/``E`` and digits apart only by those classes, so lines
+    of one shape (:data:`_SHAPE`) have their pairs at the same places: the pattern runs once
+    per shape (:class:`_Plan`), and each line is cut where its first one matched.
+    """
+    shape = line.encode("utf-8", "surrogatepass").translate(_SHAPE)
+    try:
+        plan = _PLANS[shape]
+    except KeyError:
+        spans = [(m.start(1), m.end(1), m.start(2), m.end(2)) for m in _KATIB.finditer(line)]
+        plan = _Plan(line, spans) if spans else None
+        if len(_PLANS) >= 4096:
+            _PLANS.clear()
+        _PLANS[shape] = plan
+    return plan.points(line) if plan is not None else []
+
+
+class _Plan:
+    """Where the pairs of one line shape are, and what the first line of that shape named them."""
+
+    __slots__ = ("names", "names_of", "values_of", "metrics", "step", "epoch")
+
+    def __init__(self, line: str, spans: list[tuple[int, int, int, int]]) -> None:
+        self.names_of = _cutter([slice(a, b) for a, b, _, _ in spans])
+        self.values_of = _cutter([slice(c, d) for _, _, c, d in spans])
+        self.names: tuple[str, ...] = self.names_of(line)
+        last = {name: i for i, name in enumerate(self.names)}  # first-seen order, last value
+        self.metrics = tuple((name, i) for name, i in last.items() if name not in _NOT_METRICS)
+        self.step = last.get("step", last.get("global_step"))
+        self.epoch = last.get("epoch")
+
+    def points(self, line: str) -> list[MetricPoint]:
+        """The points of ``line``, a line of this shape."""
+        names = self.names_of(line)
+        if names != self.names:  # the same shape, other names
+            return _from_pairs(list(zip(names, self.values_of(line), strict=True)))
+        values = [float(v) for v in self.values_of(line)]
+        step = None if self.step is None else values[self.step]
+        epoch = None if self.epoch is None else values[self.epoch]
+        if step is not None and not isfinite(step):
+            step = None
+        if epoch is not None and not isfinite(epoch):
+            epoch = None
+        return [_point((name, value, step, epoch)) for name, i in self.metrics if isfinite(value := values[i])]
+
+
+def _cutter(parts: list[slice]) -> Callable[[str], tuple[str, ...]]:
+    """A function that cuts a text into these parts (in C: :func:`operator.itemgetter`), always a tuple."""
+    if len(parts) == 1:
+        part = parts[0]
+        return lambda text: (text[part],)
+    return itemgetter(*parts)
+
+
+def _from_pairs(pairs: list[tuple[str, str]]) -> list[MetricPoint]:
+    """:func:`_from_mapping` of ``name=value`` pairs (the last value of a name wins), done for many lines a second.
+
+    Every value is a decimal numeral (the pattern says so): ``float`` takes it; only
+    infinities (``1e999``) are left out.
+    """
+    data = {key: float(value) for key, value in pairs}
+    step = data.get("step", data.get("global_step"))
+    epoch = data.get("epoch")
+    if step is not None and not isfinite(step):
+        step = None
+    if epoch is not None and not isfinite(epoch):
+        epoch = None
+    return [_point((key, value, step, epoch)) for key, value in data.items() if key not in _NOT_METRICS and isfinite(value)]
 
 
 def from_trainer_status(status: Mapping[str, Any] | None) -> list[MetricPoint]:
@@ -142,6 +221,23 @@ class MetricSeries:
         found = parse_line(line)
         self.points.extend(found)
         return len(found)
+
+    def feed_text(self, text: str) -> int:
+        """Parse several output lines joined by newlines as :meth:`feed` would one by one; return how many points they added.
+
+        Only the lines that hold a ``=`` or a ``{`` are looked at: the others hold no metric.
+        """
+        before = len(self.points)
+        add = self.points.extend
+        end = 0
+        while (mark := _MARK.search(text, end)) is not None:
+            at = mark.start()
+            end = text.find("\n", at)
+            if end == -1:
+                end = len(text)
+            line = text[text.rfind("\n", 0, at) + 1 : end]
+            add(parse_line(line) if "{" in line else _pair_points(line))
+        return len(self.points) - before
 
     def extend(self, points: list[MetricPoint]) -> None:
         """Add points from another source (e.g. the TrainJob status)."""

@@ -17,13 +17,13 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from .backends.base import LogLine
+from .backends.base import BatchSink, LogLine
 from .metrics import MetricSeries
 
 FLUSH_DELAY = 0.02  # seconds a relayed line may wait in the buffer for others to join it
 
 
-class Printer:
+class Printer(BatchSink):
     """Thread-safe sink: prints trainer lines (prefixed when several nodes) and parses metrics.
 
     Lines are written at once and flushed by a thread of their own at most ``FLUSH_DELAY``
@@ -55,6 +55,21 @@ class Printer:
                 self.out.flush()
             self.metrics.feed(line.text)
         if not self._unflushed.is_set():  # checked after the write: a flush that clears it comes later
+            self._unflushed.set()
+
+    def batch(self, source: str, text: str, count: int) -> None:
+        """Write ``count`` lines of ``source`` at once (``text``: joined by newlines), feed them to the metric parser."""
+        with self.lock:
+            if self.count == 0:
+                self.on_first()
+                self._flusher = threading.Thread(target=self._flush_soon, name="trainer-logs-flush", daemon=True)
+                self._flusher.start()
+            self.count += count
+            self.out.write(f"[{source}] " + text.replace("\n", f"\n[{source}] ") + "\n" if self.prefix else text + "\n")
+            if self._closed:
+                self.out.flush()
+            self.metrics.feed_text(text)
+        if not self._unflushed.is_set():
             self._unflushed.set()
 
     def _flush_soon(self) -> None:

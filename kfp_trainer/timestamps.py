@@ -57,6 +57,29 @@ def _second(whole: bytes) -> int | None:
     return value
 
 
+KNOWN_SECONDS: dict[bytes, int] = {}  # filled by exact_second(): look here first, one lookup per line
+
+
+def exact_second(whole: bytes) -> int | None:
+    """Seconds since the epoch of ``YYYY-MM-DDTHH:MM:SS`` (UTC) naming a real instant; None otherwise.
+
+    Stricter than :func:`parse_timestamp`: the day exists in its month and the second is below
+    60, so two such times in one fixed-width form compare as bytes as they compare in time.
+    The answer is kept in :data:`KNOWN_SECONDS`.
+
+    Example:
+        >>> exact_second(b"1970-01-02T00:00:01"), exact_second(b"2026-04-31T00:00:00")
+        (86401, None)
+    """
+    value = _second(whole)
+    if value is None or whole[17:19] >= b"60" or time.gmtime(value)[2] != int(whole[8:10]):
+        return None
+    if len(KNOWN_SECONDS) > 4096:
+        KNOWN_SECONDS.clear()
+    KNOWN_SECONDS[whole] = value
+    return value
+
+
 def rfc3339(epoch: float | None = None) -> str:
     """``epoch`` (default: now) as RFC 3339 in UTC, second precision (as the API's ``sinceTime`` takes it).
 

@@ -140,6 +140,18 @@ class LogLine:
 LogSink = Callable[[LogLine], None]
 
 
+class BatchSink(abc.ABC):
+    """A :data:`LogSink` that also takes many lines of one source at once (a backend may hand them so)."""
+
+    @abc.abstractmethod
+    def __call__(self, line: LogLine) -> None:
+        """Take one line."""
+
+    @abc.abstractmethod
+    def batch(self, source: str, text: str, count: int) -> None:
+        """Take ``count`` lines from ``source`` in order: ``text`` is them joined by newlines, with none at its end."""
+
+
 def trainjob_status(obj: TrainJob | None, trainer_job: str = "node") -> JobStatus:
     """Classify a stored TrainJob: finished, deleted, suspended, running or pending.
 

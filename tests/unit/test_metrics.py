@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import random
+import re
+
 import pytest
 
+from kfp_trainer import metrics
 from kfp_trainer.metrics import MetricPoint, MetricSeries, from_trainer_status, lower_is_better, parse_line
 
 
@@ -76,3 +81,45 @@ def test_a_printed_dict_with_non_string_keys_is_parsed_not_raised():
 def test_lines_without_pairs_or_mappings_carry_no_metrics():
     assert parse_line("Epoch 3 finished in 12.5 s") == []
     assert parse_line("note:\tÜbung — données ✓ 7919") == []
+
+
+def test_name_value_pairs_are_those_a_name_not_following_a_word_character_dot_or_dash_starts():
+    # The rule written plainly (a look-behind before the name); the module's pattern is a faster spelling of it.
+    plain = re.compile(r"(?<![\w.-])([A-Za-z][\w./-]*)\s*=\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
+    rng = random.Random(11)
+    alphabet = "ab Z9=.-+eE_/\t{}ü:,1"
+    for _ in range(20000):
+        line = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24)))
+        assert metrics._KATIB.findall(line) == plain.findall(line), line
+
+
+def test_pairs_give_points_as_a_mapping_of_them_would():
+    line = "epoch=2 step=10 loss=0.5 loss=0.25 rank=0 lr=3e-4 big=1e999 global_step=9"
+    assert parse_line(line) == [MetricPoint("loss", 0.25, 10.0, 2.0), MetricPoint("lr", 3e-4, 10.0, 2.0)]
+    assert parse_line("global_step=9 epoch=1e999 acc=0.5") == [MetricPoint("acc", 0.5, 9.0, None)]
+
+
+def plainly(line: str) -> list[MetricPoint]:
+    """The points of a line's name=value pairs by the rule written plainly: every match, the last value of a name."""
+    pattern = re.compile(r"(?<![\w.-])([A-Za-z][\w./-]*)\s*=\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
+    data = {key: float(value) for key, value in pattern.findall(line.strip())}
+    step, epoch = data.get("step", data.get("global_step")), data.get("epoch")
+    step = step if step is not None and math.isfinite(step) else None
+    epoch = epoch if epoch is not None and math.isfinite(epoch) else None
+    skip = {"step", "global_step", "epoch", "rank", "local_rank", "node_rank", "world_size", "pid", "port"}
+    return [MetricPoint(k, v, step, epoch) for k, v in data.items() if k not in skip and math.isfinite(v)]
+
+
+def test_lines_of_one_shape_with_other_names_or_values_give_their_own_points():
+    rng = random.Random(13)
+    words = ["step", "stop", "epoch", "eppch", "loss", "lass", "lr", "ab", "global_step", "rank", "x.y", "a-b", "tok/s", "Übung", "e"]
+    numbers = ["0", "7", "12", "3.5", "1e5", "1E5", "1a5", "2F5", "-2", "+.5", "1e999", "9" * 400, "1.", "5x", "0.1.2"]
+    seps = ["=", " = ", "= ", ":", "=="]
+    for _ in range(20000):
+        line = rng.choice(["", " ", "note: "]) + rng.choice([" ", "\t", ", "]).join(
+            rng.choice(words) + rng.choice(seps) + rng.choice(numbers) for _ in range(rng.randint(1, 5)))  # fmt: skip
+        assert parse_line(line) == plainly(line), line
+    lines = [f"step={i} loss={1 / (i + 1):.4f} lr=3e-4" if i % 3 else f"stop={i} lass={i}.5 lr=1e999" for i in range(300)]
+    series = MetricSeries()
+    series.feed_text("\n".join(lines))
+    assert series.points == [p for line in lines for p in plainly(line)]

@@ -51,9 +51,10 @@ _HTTP_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 class Stream:
     """A streamed answer being read: a watch, or a followed log.
 
-    :meth:`lines` yields its lines as they arrive; :meth:`close` gives the connection back (or
-    drops it when the body was not read to its end); :meth:`shutdown`, from another thread,
-    makes a read in progress end at once.
+    :meth:`lines` yields its lines as they arrive (:meth:`batches`: the lines of each piece
+    received together); :meth:`close` gives the connection back (or drops it when the body was
+    not read to its end); :meth:`shutdown`, from another thread, makes a read in progress end
+    at once.
     """
 
     def __init__(self, response: urllib3.BaseHTTPResponse, what: str) -> None:
@@ -62,7 +63,22 @@ class Stream:
         self.finished = False
 
     def lines(self) -> Iterator[bytes]:
-        """The non-empty lines of the body, as they arrive (each chunk split once).
+        """The non-empty lines of the body, as they arrive.
+
+        Raises:
+            TransportError: The connection broke (or was shut down) before the body ended.
+        """
+        for batch in self.batches():
+            for line in batch:
+                if line.strip():
+                    yield line
+
+    def batches(self) -> Iterator[list[bytes]]:
+        """The lines of the body, split at newlines only, blank ones kept: for each piece that arrived, those it completed.
+
+        A piece is what urllib3 reads at once (an HTTP chunk of a chunked body). It is split
+        once; a line is handed on as soon as its piece has arrived, and the lines of one piece
+        go together, so a reader can do per piece what it would do per line.
 
         Raises:
             TransportError: The connection broke (or was shut down) before the body ended.
@@ -73,16 +89,14 @@ class Stream:
                 if b"\n" not in chunk:
                     buffer += chunk
                     continue
-                parts = (buffer + chunk).split(b"\n")
+                parts = (buffer + chunk if buffer else chunk).split(b"\n")
                 buffer = parts.pop()
-                for line in parts:
-                    if line.strip():
-                        yield line
+                yield parts
         except _HTTP_ERRORS as e:
             raise TransportError(f"{self.what}: the stream broke off: {e}") from e
         self.finished = True
-        if buffer.strip():
-            yield buffer
+        if buffer:
+            yield [buffer]
 
     def close(self) -> None:
         """Give the connection back to the pool (read to its end), else drop it."""

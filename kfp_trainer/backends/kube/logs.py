@@ -31,13 +31,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ForbiddenError, KfpTrainerError
 from ...kube_types import ContainerStatus, Pod
-from ...timestamps import Timestamp, parse_timestamp, rfc3339
-from ..base import LogLine, LogSink
+from ...timestamps import KNOWN_SECONDS, Timestamp, exact_second, parse_timestamp, rfc3339
+from ..base import BatchSink, LogLine, LogSink
 from ..deletion import made_before
 from .api import NotFound, RetryPolicy, call
 from .apierrors import TransportError
@@ -48,25 +47,109 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 CONTAINER = "node"
-@dataclass
+_STAMP = 30  # len("2026-01-02T03:04:05.123456789Z"): how a kubelet writes the time of each line
+
+
 class _Cursor:
-    """Position in a container's log: the last timestamp shown and lines shown at it."""
+    """Position in a container's log: the last timestamp shown (:attr:`last`) and lines shown at it.
 
-    last: Timestamp | None = None
-    at_last: int = 0
+    While the lines carry the time as a kubelet writes it (``YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ``,
+    a real instant: see :func:`~kfp_trainer.timestamps.exact_second`), ``stamp`` holds the last
+    one and lines are compared to it as bytes, which orders them as their times do; any other
+    form is parsed and compared as a :data:`~kfp_trainer.timestamps.Timestamp`. ``seen`` counts
+    the lines of the current read at the last timestamp: a read from ``sinceTime`` (whole
+    seconds) repeats lines already shown, and only those beyond ``at_last`` are new.
+    """
 
-    def admit(self, ts: Timestamp | None, seen_at: dict[Timestamp, int]) -> bool:
-        """Whether a line with ``ts`` is new; ``seen_at`` counts lines of this read per ts."""
-        if ts is None:
-            return True
-        seen_at[ts] = seen_at.get(ts, 0) + 1
-        if self.last is None or ts > self.last:
-            self.last, self.at_last = ts, seen_at[ts]
-            return True
-        if ts == self.last and seen_at[ts] > self.at_last:
-            self.at_last = seen_at[ts]
-            return True
-        return False
+    def __init__(self) -> None:
+        self.stamp: bytes | None = b""  # b"": no line yet; None: the last one came in another form (``_last``)
+        self._last: Timestamp | None = None
+        self.at_last = 0
+        self.seen = 0
+
+    @property
+    def last(self) -> Timestamp | None:
+        """The timestamp of the last line shown; None before the first."""
+        return _timestamp(self.stamp) if self.stamp else self._last
+
+    def start_read(self) -> None:
+        """A new read of the log begins: none of its lines counted yet."""
+        self.seen = 0
+
+    def take(self, lines: list[bytes]) -> list[bytes]:
+        """The lines among ``lines`` (in order, as read) not shown yet, without their timestamps.
+
+        Blank lines are dropped; a line without a timestamp is always new. A trailing carriage
+        return is left on lines in the kubelet's form (see :func:`_text`).
+        """
+        kept: list[bytes] = []
+        keep = kept.append
+        known = KNOWN_SECONDS
+        stamp, last, seen, at_last = self.stamp, self._last, self.seen, self.at_last
+        for raw in lines:
+            if (raw[_STAMP : _STAMP + 1] == b" " and raw[29:30] == b"Z" and raw[19:20] == b"." and raw[20:29].isdigit()
+                    and (raw[:19] in known or exact_second(raw[:19]) is not None)):  # fmt: skip
+                new = raw[:_STAMP]
+                if stamp is not None:  # the last one in this form too (or none): bytes order is time order
+                    if new > stamp:
+                        stamp, seen, at_last = new, 1, 1
+                    elif new == stamp:
+                        seen += 1
+                        if seen <= at_last:
+                            continue
+                        at_last = seen
+                    else:
+                        continue
+                else:
+                    ts = (known[raw[:19]], int(raw[20:29]))
+                    if last is None or ts > last:
+                        stamp, seen, at_last = new, 1, 1
+                    elif ts == last:
+                        seen += 1
+                        if seen <= at_last:
+                            continue
+                        at_last = seen
+                    else:
+                        continue
+                keep(raw[_STAMP + 1 :])
+                continue
+            if not raw.strip():
+                continue
+            text = raw.rstrip(b"\r")
+            head, _, rest = text.partition(b" ")
+            parsed = parse_timestamp(head)
+            if parsed is None:
+                keep(text)
+                continue
+            current = last if stamp is None else _timestamp(stamp) if stamp else None
+            if current is None or parsed > current:
+                last, stamp, seen, at_last = parsed, None, 1, 1
+            elif parsed == current:
+                seen += 1
+                if seen <= at_last:
+                    continue
+                at_last = seen
+            else:
+                continue
+            keep(rest)
+        self.stamp, self._last, self.seen, self.at_last = stamp, last, seen, at_last
+        return kept
+
+
+def _timestamp(stamp: bytes) -> Timestamp:
+    """A timestamp in the kubelet's form (already checked) as a :data:`~kfp_trainer.timestamps.Timestamp`."""
+    seconds = KNOWN_SECONDS.get(stamp[:19])
+    if seconds is None:
+        seconds = exact_second(stamp[:19]) or 0
+    return seconds, int(stamp[20:29])
+
+
+def _text(lines: list[bytes]) -> str:
+    """``lines`` joined by newlines and decoded (bad UTF-8 replaced, as line by line), trailing carriage returns dropped."""
+    data = b"\n".join(lines)
+    if b"\r" in data:
+        data = b"\n".join(line.rstrip(b"\r") for line in lines)
+    return data.decode("utf-8", errors="replace")
 
 
 def container_status(pod: Pod) -> ContainerStatus:
@@ -134,6 +217,7 @@ class NodeLogFollower:
         path = f"/api/v1/namespaces/{namespace}/pods"
         self.pods = pods or ObjectCache(api, path, [("labelSelector", f"jobset.sigs.k8s.io/jobset-name={job}")], policy=policy)
         self.sink = sink
+        self._emit = sink.batch if isinstance(sink, BatchSink) else self._emit_each
         self.deleted_at = deleted_at
         self.stop = stop
         self.source = source
@@ -195,24 +279,26 @@ class NodeLogFollower:
         timeout = (10, self.read_timeout if follow else 60)
         response = call(self.api.request, "GET", path, query=query, timeout=timeout, stream=True, what=f"read the log of pod {pod}",
                         policy=self.policy)  # fmt: skip
-        seen_at: dict[Timestamp, int] = {}
+        cursor.start_read()
         if follow:
             self._response = response
             if self._cut.is_set():  # cut while the request was on its way
                 response.shutdown()
         try:
-            for raw in response.lines():
-                text = raw.rstrip(b"\r")
-                stamp, _, rest = text.partition(b" ")
-                ts = parse_timestamp(stamp)
-                line = rest if ts is not None else text
-                if cursor.admit(ts, seen_at):
-                    self.lines += 1
-                    self.sink(LogLine(self.source, line.decode("utf-8", errors="replace")))
+            for batch in response.batches():  # the lines of each piece that arrived, handed on together
+                lines = cursor.take(batch)
+                if lines:
+                    self.lines += len(lines)
+                    self._emit(self.source, _text(lines), len(lines))
             return True
         finally:
             self._response = None
             response.close()
+
+    def _emit_each(self, source: str, text: str, count: int) -> None:
+        """Hand ``count`` lines (``text``, joined by newlines) to a sink that takes one line at a time."""
+        for line in text.split("\n"):
+            self.sink(LogLine(source, line))
 
     def run(self) -> None:
         """Follow until the node's pod finishes or ``stop`` is set. Never raises."""
