@@ -110,15 +110,19 @@ def test_timestamps():
 
 
 def test_cursor_skips_what_was_shown_after_a_reconnect():
-    t = [parse_timestamp(f"2026-12-02T10:00:0{i}Z") for i in range(4)]
+    t = [f"2026-12-02T10:00:0{i}.000000000Z".encode() for i in range(4)]
     cursor = _Cursor()
-    first = [t[0], t[1], t[1]]  # two lines share a timestamp
-    assert [cursor.admit(ts, seen) for seen in [{}] for ts in first] == [True, True, True]
+    cursor.start_read()
+    # two lines share a timestamp
+    assert cursor.take([t[0] + b" a", t[1] + b" b", t[1] + b" c"]) == [b"a", b"b", b"c"]
     # Reconnect: the server resends from the second of t[1], including the two lines already shown.
-    again = [t[1], t[1], t[1], t[2]]
-    assert [cursor.admit(ts, seen) for seen in [{}] for ts in again] == [False, False, True, True]
-    assert cursor.admit(t[0], {}) is False
-    assert cursor.admit(None, {}) is True
+    cursor.start_read()
+    assert cursor.take([t[1] + b" b", t[1] + b" c", t[1] + b" d", t[2] + b" e"]) == [b"d", b"e"]
+    cursor.start_read()
+    assert cursor.take([t[0] + b" a"]) == []
+    assert cursor.take([b"no timestamp"]) == [b"no timestamp"]
+    # a timestamp in another form (whole seconds) is parsed and compared as a time
+    assert cursor.take([b"2026-12-02T10:00:03Z f", b"2026-12-02T10:00:02Z old"]) == [b"f"]
 
 
 def test_trainjob_status_classification():
