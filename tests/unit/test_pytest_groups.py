@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -41,3 +42,14 @@ def test_failed_tests_are_named_again_at_the_end(tree: Path, capsys: pytest.Capt
     tail = out.split("summary of the test groups", 1)[1]
     assert "b: FAILED test_bad.py::test_fails" in tail
     assert "a: FAILED" not in tail
+
+
+def test_a_group_can_run_at_a_lower_priority(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The unit and local tests yield the CPU to the control plane's build and the integration tests."""
+    base = os.nice(0)
+    (tmp_path / "test_nice.py").write_text(f"import os\n\ndef test_nice():\n    assert os.nice(0) == {min(19, base + 10)}\n")
+    (tmp_path / "test_plain.py").write_text(f"import os\n\ndef test_plain():\n    assert os.nice(0) == {base}\n")
+    code = pytest_groups.run(["-q", "-p", "no:cacheprovider"], {"low": ["test_nice.py"], "normal": ["test_plain.py"]}, tmp_path,
+                             nice={"low": 10})  # fmt: skip
+    assert code == 0, capsys.readouterr().out
+    assert pytest_groups.NICE.get("unit+local", 0) > 0
