@@ -6,7 +6,8 @@ resyncs, pods' back-offs, Kueue's admission); the unit and local tests keep the 
 used 0.55 of a core on average); side by side the suite takes about as long as its longer half.
 The groups share nothing: the local tests need no cluster, the integration session starts
 one (and the real node, one per machine), and the files that start clusters of their own (other
-Trainer releases, the oldest Kubernetes) run in a third session.
+Trainer releases, the oldest Kubernetes) run in a third session, with some of the files that need
+only KWOK's nodes on a session cluster of that session's own.
 
 Each session's lines are printed as they come, prefixed with the group's name; at the end,
 each group's summary line again, one after the other.
@@ -32,9 +33,23 @@ SUMMARY = re.compile(r"\d+ (passed|failed|errors?|skipped|deselected|xfailed|xpa
 # Test files that run clusters of their own (other Trainer releases, Kubernetes 1.32), without the
 # real node: a session of their own beside the one that runs the session cluster and the real node.
 OWN_CLUSTERS = ["tests/integration/test_trainer_versions.py", "tests/integration/test_k8s_v1_32.py"]
+# Files whose tests need only KWOK's nodes (no real node, no images) and that mostly wait on the
+# control plane: they run in that second session, on a session cluster of its own, so the
+# integration session (the longest, the real pods' training at its end) is shorter by their
+# minutes. A new machine starts both sessions after the same Go build.
+KWOK_ONLY = [
+    "tests/integration/test_launcher_k8s.py",
+    "tests/integration/test_faults_controlplane.py",
+    "tests/integration/test_faults_start.py",
+    "tests/integration/test_faults_lineage.py",
+    "tests/integration/test_cancel_k8s.py",
+    "tests/integration/test_faults_cancel.py",
+    "tests/integration/test_controlplane_smoke.py",
+    "tests/integration/test_faults_logs.py",
+]
 GROUPS = {
-    "integration": ["tests/integration", *(f"--ignore={path}" for path in OWN_CLUSTERS)],
-    "own clusters": OWN_CLUSTERS,
+    "integration": ["tests/integration", *(f"--ignore={path}" for path in OWN_CLUSTERS + KWOK_ONLY)],
+    "own clusters": [*OWN_CLUSTERS, *KWOK_ONLY],
     "unit+local": ["--doctest-modules", "kfp_trainer", "tests/unit", "tests/local"],
 }
 # The unit and local tests (torch training, CPU-bound) have slack: the integration session is the
