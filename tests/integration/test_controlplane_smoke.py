@@ -398,9 +398,13 @@ def test_follow_stream_ends_when_the_container_exits(api_client, namespace):
 
 
 def test_follow_stream_ends_at_a_crash_and_a_new_call_gets_the_new_instance(api_client, namespace):
-    script = PodScript(lines=["a", "b", "c"], line_delay=0.3, crashes=1, crash_after=[2], crash_backoff=3)
+    # Lines a second apart, and the follow starts once the first is there: on a loaded machine a
+    # pod reported Running at 0.3 s per line had crashed, or not written yet, when the follow began.
+    script = PodScript(lines=["a", "b", "c"], line_delay=1.0, crashes=1, crash_after=[2], crash_backoff=3)
     create_trainjob(api_client, namespace, scripted("rs", script))
     p = wait_for(lambda: pod(api_client, namespace, "rs", phase="Running"), 60, what="Running")
+    core = client.CoreV1Api(api_client)
+    wait_for(lambda: core.read_namespaced_pod_log(p.metadata.name, namespace, container="node").startswith("a"), 30, what="the first line")
     assert follow_log(api_client, namespace, p.metadata.name) == ["a", "b"]
 
     def backing_off():

@@ -160,4 +160,7 @@ def test_an_export_of_layers_exported_before_reuses_them_instead_of_reading_them
 
 
 def _tags(layout: Path) -> list[str]:
-    return [m["annotations"][ocilayout.REF_NAME] for m in json.loads((layout / "index.json").read_text())["manifests"]]
+    """The layout's tags. A push of a tag that names another image leaves the earlier one in the
+    index without its name (prune drops it)."""
+    entries = json.loads((layout / "index.json").read_text())["manifests"]
+    return [m["annotations"][ocilayout.REF_NAME] for m in entries if ocilayout.REF_NAME in (m.get("annotations") or {})]
