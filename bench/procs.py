@@ -3,7 +3,8 @@
 A :class:`Proc` notes the wall-clock time just before it spawns the child and the arrival time
 of each chunk of its stdout (read by a thread as soon as the pipe has data), so the bench can
 say when a given line came out: a launcher's summary line (it returned), the first and the last
-line of a relayed log.
+line of a relayed log. With each chunk it also reads the child's CPU time so far (all its
+threads, from ``/proc``), so the bench can say what the child spent between two lines.
 
 Example:
     >>> import sys
@@ -42,6 +43,7 @@ class Proc:
         self._waiter = threading.Thread(target=self._reap, daemon=True)
         self._waiter.start()
         self._times: list[float] = []
+        self._cpu: list[float | None] = []  # the child's CPU seconds when each chunk arrived
         self._ends: list[int] = []  # byte offset where each chunk ends
         self._chunks: list[bytes] = []
         self._marker: bytes | None = None
@@ -61,6 +63,7 @@ class Proc:
                 return
             size += len(data)
             self._chunks.append(data)
+            self._cpu.append(_cpu_seconds(self.popen.pid))
             self._times.append(now)
             self._ends.append(size)
             if self._marker:
@@ -117,6 +120,11 @@ class Proc:
         i = bisect.bisect_right(self._ends, offset)
         return self._times[min(i, len(self._times) - 1)]
 
+    def cpu_at(self, offset: int) -> float | None:
+        """The child's CPU seconds (user + system, all threads) when the byte at ``offset`` of the output arrived."""
+        i = bisect.bisect_right(self._ends, offset)
+        return self._cpu[min(i, len(self._cpu) - 1)]
+
     def line_time(self, prefix: bytes) -> float | None:
         """When the first line starting with ``prefix`` arrived (complete); None if none did."""
         out = self.output
@@ -132,6 +140,20 @@ class Proc:
     def lines(self) -> list[str]:
         """The output as text lines."""
         return self.output.decode("utf-8", errors="replace").splitlines()
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a running process so far (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime: fields 14 and 15 of the line
 
 
 def python_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -5,20 +5,26 @@ lines (training-log text with metrics, non-ASCII letters and tabs) to the contai
 in the CRI format. Each reader then follows that running container's log (``follow=true``, as
 while a job trains) and is stopped once the last line is out; in turn, ``rounds`` times:
 
-* ``raw``: one streaming GET of the log (``follow=true&timestamps=true``) that only counts
-  newlines -- the ceiling this API server and its kubelet set for any client;
+* ``raw``: one streaming GET of the log (``follow=true&timestamps=true``, as ours reads it)
+  that only counts newlines -- the ceiling this API server and its kubelet set for any client
+  of that request; ``raw_untimed``: the same without ``timestamps=true``, as the peer reads it
+  (31 bytes fewer per line for the kubelet and the API server to send);
 * ours: ``kfp-trainer launch`` of the same task with ``--logs 0`` (it adopts the running job
   and follows its log);
 * the peer: ``get_job_logs(name, follow=True)``, each line printed.
 
 A side's rate is its lines divided by the time between the arrival of its first and its last
-relayed line on its stdout; exact means its stdout holds the log's lines unchanged, in order.
+relayed line on its stdout, and its CPU per line the CPU time its process spent between those
+two arrivals (:meth:`bench.procs.Proc.cpu_at`) divided by the lines; exact means its stdout
+holds the log's lines unchanged, in order. The sides take turns in a different order each
+round, so that none is always the first after the log was written or the last of a round.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,14 +80,15 @@ def _wait_pod(api: Any, namespace: str, timeout: float = 300) -> dict[str, Any]:
     raise RuntimeError(f"no trainer pod in {namespace} printed its line within {timeout:.0f}s")
 
 
-def _raw(api: Any, pod: str, n: int) -> dict[str, Any]:
+def _raw(api: Any, pod: str, n: int, *, timestamps: bool) -> dict[str, Any]:
     path = f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/log"
-    query = [("container", "node"), ("follow", "true"), ("timestamps", "true")]
+    query = [("container", "node"), ("follow", "true")] + ([("timestamps", "true")] if timestamps else [])
     start = time.time()
     response = api.call_api(path, "GET", query_params=query, auth_settings=["BearerToken"], _preload_content=False,
                             _return_http_data_only=True, _request_timeout=(10, 300))  # fmt: skip
-    count, first, last = 0, 0.0, 0.0
+    count, first, last, reads = 0, 0.0, 0.0, 0
     for chunk in response.stream(None):
+        reads += 1
         now = time.time()
         first = first or now
         last = now
@@ -89,7 +96,7 @@ def _raw(api: Any, pod: str, n: int) -> dict[str, Any]:
         if count >= n:
             break
     response.close()
-    return {"lines": count, "lines_per_s": (count - 1) / max(last - first, 1e-9), "seconds": last - start}
+    return {"lines": count, "lines_per_s": (count - 1) / max(last - first, 1e-9), "seconds": last - start, "reads": reads}
 
 
 def _follow(proc: Proc, last_line: bytes, expected: bytes, n: int, timeout: float) -> dict[str, Any]:
@@ -102,8 +109,10 @@ def _follow(proc: Proc, last_line: bytes, expected: bytes, n: int, timeout: floa
     if not seen or at < 0:
         return {"exact": False, "complete": seen, "lines": out.count(b"\n"), "lines_per_s": None}
     first, last = proc.time_at(at), proc.time_at(at + len(expected) - 1)
+    cpu_first, cpu_last = proc.cpu_at(at), proc.cpu_at(at + len(expected) - 1)
+    cpu = None if cpu_first is None or cpu_last is None else (cpu_last - cpu_first) / (n - 1) * 1e6
     return {"exact": True, "complete": True, "lines": n, "lines_per_s": (n - 1) / max(last - first, 1e-9),
-            "seconds": last - proc.spawned}  # fmt: skip
+            "cpu_us_per_line": cpu, "seconds": last - proc.spawned}  # fmt: skip
 
 
 def run(runner: Runner, api: Any, logs_dir: Path, *, n: int, rounds: int, timeout: float) -> dict[str, Any]:
@@ -121,21 +130,35 @@ def run(runner: Runner, api: Any, logs_dir: Path, *, n: int, rounds: int, timeou
     job = pod["job"]
     expected = ("\n".join([FIRST, *lines]) + "\n").encode()
     last_line = ("\n" + lines[-1] + "\n").encode()
-    results: dict[str, list[dict[str, Any]]] = {"raw": [], "ours": [], "sdk": []}
-    for r in range(rounds):
-        results["raw"].append(_raw(api, pod["name"], n + 1))
+    results: dict[str, list[dict[str, Any]]] = {"raw": [], "raw_untimed": [], "ours": [], "sdk": []}
+
+    def ours(r: int) -> dict[str, Any]:
         launch, proc = runner.start("ours", "0", f"relay-ours-{r}", NAMESPACE, annotations, run_id="bench-relay")
-        results["ours"].append({**_follow(proc, last_line, expected, n + 1, timeout), "identity": launch.identity})
+        return {**_follow(proc, last_line, expected, n + 1, timeout), "identity": launch.identity}
+
+    def sdk(r: int) -> dict[str, Any]:
         kubeconfig = runner.identities.make(f"relay-sdk-{r}")
         cmd = [str(runner.peer_python), str(Path(__file__).parent / "peer_driver.py"), "relay", str(kubeconfig), NAMESPACE, job]
         proc = Proc(cmd, env=python_env(), stderr=runner.logs_dir / f"relay-sdk-{r}.stderr")
-        results["sdk"].append({**_follow(proc, last_line, expected, n + 1, timeout), "identity": f"relay-sdk-{r}"})
+        return {**_follow(proc, last_line, expected, n + 1, timeout), "identity": f"relay-sdk-{r}"}
+
+    sides: list[tuple[str, Callable[[int], dict[str, Any]]]] = [
+        ("raw", lambda r: _raw(api, pod["name"], n + 1, timestamps=True)),
+        ("ours", ours),
+        ("raw_untimed", lambda r: _raw(api, pod["name"], n + 1, timestamps=False)),
+        ("sdk", sdk),
+    ]
+    for r in range(rounds):
+        for side, read in sides[r % len(sides) :] + sides[: r % len(sides)]:
+            results[side].append(read(r))
     drop_namespace(api, NAMESPACE)
     summary: dict[str, Any] = {"lines": n + 1, "bytes": len(expected), "rounds": rounds, "job": job, "runs": results}
     for side, runs in results.items():
         rates = [x["lines_per_s"] for x in runs if x.get("lines_per_s")]
+        cpus = [x["cpu_us_per_line"] for x in runs if x.get("cpu_us_per_line") is not None]
         summary[side] = {
             "lines_per_s": statistics.median(rates) if rates else None,
+            "cpu_us_per_line": statistics.median(cpus) if cpus else None,
             "exact": all(x.get("exact", True) for x in runs),
         }
     return summary

@@ -39,7 +39,7 @@ from bench.audit import AuditLog
 from bench.launches import Runner, pod_script
 
 FULL = {"import_reps": 5, "local_rounds": 5, "local_steps": 300, "sequential": 10, "long_s": 300, "relay_lines": 200_000,
-        "relay_rounds": 3, "levels": [1, 100, 200], "workers": 4, "settle_s": 30}  # fmt: skip
+        "relay_rounds": 5, "levels": [1, 100, 200], "workers": 4, "settle_s": 30}  # fmt: skip
 SMOKE = {"import_reps": 1, "local_rounds": 1, "local_steps": 10, "sequential": 1, "long_s": 10, "relay_lines": 2000,
          "relay_rounds": 1, "levels": [1, 3], "workers": 2, "settle_s": 5}  # fmt: skip
 PHASES = ("imports", "local", "long", "sequential", "relay", "concurrency")

@@ -28,8 +28,8 @@ import json
 import math
 import re
 import string
+import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
 from math import isfinite
 from operator import itemgetter
@@ -40,7 +40,6 @@ POSITION_KEYS = ("step", "global_step", "epoch")
 # [\w.-]: the same as a look-behind before it, found faster; possessive where nothing could be given back anyway.
 _KATIB = re.compile(r"([A-Za-z](?<![\w.-][A-Za-z])[\w./-]*+)\s*+=\s*+([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])")
 _LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|err|mse|mae|rmse|wer|cer)", re.IGNORECASE)
-_MARK = re.compile(r"[={]")  # a line without either holds no metric
 # A line's shape: ASCII letters as "a" (e and E as "e", the pattern's exponent), digits as "0", all else kept.
 _SHAPE = bytes.maketrans(
     (string.ascii_letters.replace("e", "").replace("E", "") + "eE" + string.digits).encode(), b"a" * 50 + b"ee" + b"0" * 10
@@ -210,38 +209,64 @@ def lower_is_better(name: str) -> bool:
     return bool(_LOWER_IS_BETTER.search(name))
 
 
-@dataclass
 class MetricSeries:
-    """Every metric point seen during one run, in order."""
+    """Every metric point seen during one run, in order.
 
-    points: list[MetricPoint] = field(default_factory=list)
+    Lines fed together (:meth:`feed_text`, the log relay's way) are only sorted while the log
+    flows: those that may hold a metric are kept as they are and parsed the first time the
+    points are read (after the run, by the step's outputs), so a burst of training output
+    reaches the step's log at the pace the API server sends it. A kept line takes less memory
+    than the points parsed from it.
+    """
+
+    def __init__(self, points: list[MetricPoint] | None = None) -> None:
+        self._points: list[MetricPoint] = list(points or [])
+        self._unparsed: list[str] = []  # lines fed by feed_text, in order, not parsed yet
+        self._lock = threading.Lock()  # a relay thread may still feed while the points are read
+
+    def __repr__(self) -> str:
+        return f"MetricSeries(points={self.points!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MetricSeries) and self.points == other.points
+
+    @property
+    def points(self) -> list[MetricPoint]:
+        """All points so far, in the order of the lines that held them."""
+        if self._unparsed:
+            with self._lock:
+                self._parse_kept()
+        return self._points
+
+    def _parse_kept(self) -> None:
+        lines, self._unparsed = self._unparsed, []
+        add = self._points.extend
+        for line in lines:
+            add(parse_line(line) if "{" in line else _pair_points(line))
 
     def feed(self, line: str) -> int:
-        """Parse one output line; return how many points it added."""
+        """Parse one output line now; return how many points it added."""
         found = parse_line(line)
-        self.points.extend(found)
+        with self._lock:
+            self._parse_kept()
+            self._points.extend(found)
         return len(found)
 
-    def feed_text(self, text: str) -> int:
-        """Parse several output lines joined by newlines as :meth:`feed` would one by one; return how many points they added.
+    def feed_text(self, text: str) -> None:
+        """Take several output lines joined by newlines, to be parsed as :meth:`feed` would one by one.
 
-        Only the lines that hold a ``=`` or a ``{`` are looked at: the others hold no metric.
+        Only the lines that hold a ``=`` or a ``{`` are kept: the others hold no metric.
         """
-        before = len(self.points)
-        add = self.points.extend
-        end = 0
-        while (mark := _MARK.search(text, end)) is not None:
-            at = mark.start()
-            end = text.find("\n", at)
-            if end == -1:
-                end = len(text)
-            line = text[text.rfind("\n", 0, at) + 1 : end]
-            add(parse_line(line) if "{" in line else _pair_points(line))
-        return len(self.points) - before
+        if "=" in text or "{" in text:
+            kept = [line for line in text.split("\n") if "=" in line or "{" in line]
+            with self._lock:
+                self._unparsed += kept
 
     def extend(self, points: list[MetricPoint]) -> None:
-        """Add points from another source (e.g. the TrainJob status)."""
-        self.points.extend(points)
+        """Add points from another source (e.g. the TrainJob status), after those of the lines fed so far."""
+        with self._lock:
+            self._parse_kept()
+            self._points.extend(points)
 
     def names(self) -> list[str]:
         """Metric names in first-seen order."""

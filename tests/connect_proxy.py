@@ -9,26 +9,18 @@ from __future__ import annotations
 import socket
 import threading
 
+from tests.tcp_server import ThreadedServer
 
-class ConnectProxy:
+
+class ConnectProxy(ThreadedServer):
     """An HTTP CONNECT proxy on 127.0.0.1 that sends every tunnel to ``target`` and records what each asked for."""
 
     def __init__(self, target: int) -> None:
         self.target = target
         self.tunnels: list[dict[str, str]] = []
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._tunnel, args=(conn,), daemon=True).start()
-
-    def _tunnel(self, conn: socket.socket) -> None:
+    def handle(self, conn: socket.socket) -> None:
         head = b""
         while b"\r\n\r\n" not in head:
             chunk = conn.recv(4096)
@@ -57,6 +49,3 @@ class ConnectProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-
-    def close(self) -> None:
-        self.listener.close()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 
 from bench.analyze import percentile, spread
 from bench.audit import USER_PREFIX, AuditLog, kinds
-from bench.report import compare
+from bench.procs import _cpu_seconds
+from bench.report import compare, rows
 
 
 def event(audit_id: str, stage: str, *, user: str, verb: str, uri: str, ref: dict, t: str, code: int = 0, obj: dict | None = None) -> str:
@@ -58,3 +60,35 @@ def test_the_report_says_which_side_is_ahead():
     assert compare(200_000.0, 40_000.0, lower=False) == "5.0× more"
     assert compare(10_000.0, 20_000.0, lower=False) == "2.0× less (worse)"
     assert compare(None, 1.0, lower=True) == "n/a"
+
+
+def test_the_relay_rows_hold_ours_to_its_requests_ceiling_and_its_cpu_to_the_sdks():
+    def relay(ours: float, ceiling: float, ours_cpu: float) -> list[dict]:
+        side = {"exact": True}
+        r = {"relay": {"lines": 200001, "rounds": 5, "raw": {"lines_per_s": ceiling}, "raw_untimed": {"lines_per_s": 55_000.0},
+                       "ours": {**side, "lines_per_s": ours, "cpu_us_per_line": ours_cpu},
+                       "sdk": {**side, "lines_per_s": 48_000.0, "cpu_us_per_line": 3.0}}}  # fmt: skip
+        return [row for row in rows(r) if row["figure"].startswith("log relay")]
+
+    rate, cpu = relay(49_000.0, 48_000.0, 2.5)
+    assert "48.0k with timestamps" in rate["figure"] and "55.0k without" in rate["figure"]
+    assert rate["met"] and cpu["met"] and cpu["vs"] == "1.2× fewer"
+    rate, cpu = relay(40_000.0, 48_000.0, 3.5)
+    assert not rate["met"] and not cpu["met"] and rate["vs"] == "1.2× less (worse)"
+    assert not relay(47_000.0, 48_000.0, 2.5)[0]["met"]  # below the SDK's 48k
+
+
+def test_a_childs_cpu_time_is_read_while_it_runs_and_none_once_it_is_gone():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+                              "input()"], stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while (spent := _cpu_seconds(child.pid)) is not None and spent < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert spent is not None and 0.3 <= spent < 5
+    finally:
+        child.communicate(b"\n", timeout=30)
+    assert _cpu_seconds(child.pid) is None

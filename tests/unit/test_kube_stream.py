@@ -15,6 +15,7 @@ from kfp_trainer.backends.kube.credentials import Credentials
 from kfp_trainer.backends.kube.logs import NodeLogFollower, _Cursor
 from kfp_trainer.metrics import MetricSeries
 from kfp_trainer.relay import Printer
+from tests.tcp_server import ThreadedServer
 
 
 def encode(body: bytes, rng: random.Random) -> bytes:
@@ -28,29 +29,17 @@ def encode(body: bytes, rng: random.Random) -> bytes:
 
 
 
-class ChunkServer:
+class ChunkServer(ThreadedServer):
     """Serves each GET the next scripted answer: (head, list of (pause, bytes)) written as they come.
 
     A pause is seconds, or an event to wait for; ``None`` as bytes cuts the connection.
     """
 
     def __init__(self) -> None:
-        self.answers: list[tuple[bytes, list[tuple[float, bytes]]]] = []
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.connections = 0
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.answers: list[tuple[bytes, list[tuple[float | threading.Event, bytes | None]]]] = []
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def handle(self, conn: socket.socket) -> None:
         with conn:
             data = b""
             while True:
@@ -77,7 +66,7 @@ class ChunkServer:
 def server():
     s = ChunkServer()
     yield s
-    s.listener.close()
+    s.close()
 
 
 def test_a_followed_log_comes_line_by_line_as_it_is_written_and_the_connection_serves_again(server):
@@ -161,3 +150,50 @@ def test_a_line_is_in_the_step_log_while_the_trainer_has_not_written_the_next(se
     while log.flushed != "epoch 1: loss=0.5\nepoch 2: loss=0.25\n" and time.monotonic() < deadline:
         time.sleep(0.01)
     assert log.flushed == "epoch 1: loss=0.5\nepoch 2: loss=0.25\n" and printer.metrics.final() == {"loss": 0.25}
+
+
+def _readers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "stream-read"]
+
+
+def test_lines_that_arrive_while_a_batch_is_handled_come_together_in_the_next(server):
+    lines = [b"2026-05-01T10:00:01.%09dZ step=%d" % (i, i) for i in range(50)]
+    got_first = threading.Event()
+    parts = [(0.0, b"%x\r\n%s\n\r\n" % (len(lines[0]) + 1, lines[0])), (got_first, b"")]
+    parts += [(0.001, b"%x\r\n%s\n\r\n" % (len(line) + 1, line)) for line in lines[1:]] + [(0.0, b"0\r\n\r\n")]
+    server.answers = [(b"Transfer-Encoding: chunked\r\n", parts)]
+    stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
+    batches = []
+    for batch in stream.batches():
+        batches.append(batch)
+        if len(batches) == 1:
+            got_first.set()
+            time.sleep(0.5)  # handling the first batch takes a while: the others arrive meanwhile
+    stream.close()
+    assert batches == [lines[:1], lines[1:]] and stream.finished and not _readers()
+
+
+def test_a_caller_that_stops_early_ends_the_reading_thread_and_drops_the_connection(server):
+    quiet = threading.Event()
+    server.answers = [(b"Transfer-Encoding: chunked\r\n", [(0.0, b"7\r\nline 1\n\r\n"), (quiet, b"0\r\n\r\n")])]
+    stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
+    batches = stream.batches()
+    assert next(batches) == [b"line 1"] and len(_readers()) == 1
+    batches.close()  # as when the caller's loop raised
+    stream.close()
+    quiet.set()
+    assert not _readers() and not stream.finished
+
+
+def test_a_read_shut_down_from_another_thread_is_a_transport_error_in_the_callers(server):
+    quiet = threading.Event()
+    server.answers = [(b"Transfer-Encoding: chunked\r\n", [(0.0, b"7\r\nline 1\n\r\n"), (quiet, b"0\r\n\r\n")])]
+    stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
+    got = []
+    threading.Timer(0.3, stream.shutdown).start()
+    with pytest.raises(TransportError, match="the stream broke off"):
+        for batch in stream.batches():
+            got.extend(batch)
+    stream.close()
+    quiet.set()
+    assert got == [b"line 1"] and not _readers()

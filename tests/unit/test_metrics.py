@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import threading
 
 import pytest
 
@@ -123,3 +124,32 @@ def test_lines_of_one_shape_with_other_names_or_values_give_their_own_points():
     series = MetricSeries()
     series.feed_text("\n".join(lines))
     assert series.points == [p for line in lines for p in plainly(line)]
+
+
+def test_lines_fed_together_and_alone_and_points_added_keep_their_order():
+    series = MetricSeries()
+    series.feed_text("step=1 loss=2.0\nno metric here\n{'loss': 1.5}")
+    series.feed("step=2 loss=1.0")
+    series.extend([MetricPoint("eval_loss", 0.9)])
+    series.feed_text("step=3 loss=0.5")
+    assert [(p.name, p.value) for p in series.points] == [("loss", 2.0), ("loss", 1.5), ("loss", 1.0), ("eval_loss", 0.9), ("loss", 0.5)]
+    assert series.final() == {"loss": 0.5, "eval_loss": 0.9}
+
+
+def test_points_read_while_a_relay_thread_feeds_lose_and_repeat_nothing():
+    series = MetricSeries()
+    batches = [f"step={i} loss={i}.5\nnote {i}" for i in range(20000)]
+
+    def feed():
+        for text in batches:
+            series.feed_text(text)
+
+    thread = threading.Thread(target=feed)
+    thread.start()
+    seen = 0
+    while thread.is_alive():
+        now = len(series.points)
+        assert now >= seen
+        seen = now
+    thread.join()
+    assert [p.step for p in series.points] == [float(i) for i in range(20000)]

@@ -41,6 +41,7 @@ from ..deletion import made_before
 from .api import NotFound, RetryPolicy, call
 from .apierrors import TransportError
 from .cache import ObjectCache
+from .client import GATHER
 
 if TYPE_CHECKING:
     from .client import Client as ApiClient
@@ -87,51 +88,39 @@ class _Cursor:
         known = KNOWN_SECONDS
         stamp, last, seen, at_last = self.stamp, self._last, self.seen, self.at_last
         for raw in lines:
+            key: bytes | Timestamp
+            current: bytes | Timestamp | None
             if (raw[_STAMP : _STAMP + 1] == b" " and raw[29:30] == b"Z" and raw[19:20] == b"." and raw[20:29].isdigit()
                     and (raw[:19] in known or exact_second(raw[:19]) is not None)):  # fmt: skip
-                new = raw[:_STAMP]
+                text, parsed = raw[_STAMP + 1 :], None
                 if stamp is not None:  # the last one in this form too (or none): bytes order is time order
-                    if new > stamp:
-                        stamp, seen, at_last = new, 1, 1
-                    elif new == stamp:
-                        seen += 1
-                        if seen <= at_last:
-                            continue
-                        at_last = seen
-                    else:
-                        continue
+                    key, current = raw[:_STAMP], stamp
                 else:
-                    ts = (known[raw[:19]], int(raw[20:29]))
-                    if last is None or ts > last:
-                        stamp, seen, at_last = new, 1, 1
-                    elif ts == last:
-                        seen += 1
-                        if seen <= at_last:
-                            continue
-                        at_last = seen
-                    else:
-                        continue
-                keep(raw[_STAMP + 1 :])
-                continue
-            if not raw.strip():
-                continue
-            text = raw.rstrip(b"\r")
-            head, _, rest = text.partition(b" ")
-            parsed = parse_timestamp(head)
-            if parsed is None:
-                keep(text)
-                continue
-            current = last if stamp is None else _timestamp(stamp) if stamp else None
-            if current is None or parsed > current:
-                last, stamp, seen, at_last = parsed, None, 1, 1
-            elif parsed == current:
+                    key, current = (known[raw[:19]], int(raw[20:29])), last
+            else:
+                if not raw.strip():
+                    continue
+                text = raw.rstrip(b"\r")
+                head, _, rest = text.partition(b" ")
+                parsed = parse_timestamp(head)
+                if parsed is None:  # no timestamp: always new
+                    keep(text)
+                    continue
+                text, key, current = rest, parsed, last if stamp is None else _timestamp(stamp) if stamp else None
+            if current is None or key > current:  # type: ignore[operator]  # both bytes or both Timestamp
+                seen = at_last = 1
+                if parsed is None:
+                    stamp = raw[:_STAMP]
+                else:
+                    stamp, last = None, parsed
+            elif key == current:
                 seen += 1
-                if seen <= at_last:
+                if seen <= at_last:  # shown by the read before
                     continue
                 at_last = seen
             else:
                 continue
-            keep(rest)
+            keep(text)
         self.stamp, self._last, self.seen, self.at_last = stamp, last, seen, at_last
         return kept
 
@@ -285,7 +274,7 @@ class NodeLogFollower:
             if self._cut.is_set():  # cut while the request was on its way
                 response.shutdown()
         try:
-            for batch in response.batches():  # the lines of each piece that arrived, handed on together
+            for batch in response.batches(GATHER if follow else 0.0):  # the lines that arrived together
                 lines = cursor.take(batch)
                 if lines:
                     self.lines += len(lines)
