@@ -197,3 +197,16 @@ def test_a_read_shut_down_from_another_thread_is_a_transport_error_in_the_caller
     stream.close()
     quiet.set()
     assert got == [b"line 1"] and not _readers()
+
+
+def test_a_stream_closed_while_its_reading_thread_waits_ends_that_thread(server):
+    quiet = threading.Event()
+    server.answers = [(b"Transfer-Encoding: chunked\r\n", [(0.0, b"7\r\nline 1\n\r\n"), (quiet, b"0\r\n\r\n")])]
+    stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
+    batches = stream.batches()
+    assert next(batches) == [b"line 1"]
+    started = time.monotonic()
+    stream.close()  # before the batches are closed: as when the caller's loop raised and its cleanup came first
+    assert time.monotonic() - started < 3 and not _readers()  # not held until the server sends more (10 s here)
+    batches.close()
+    quiet.set()

@@ -63,6 +63,7 @@ class Stream:
         self.response = response
         self.what = what
         self.finished = False
+        self._reader: _Reader | None = None  # the thread reading for batches(), once started
 
     def lines(self) -> Iterator[bytes]:
         """The non-empty lines of the body, as they arrive, read in this thread.
@@ -99,7 +100,7 @@ class Stream:
         Raises:
             TransportError: The connection broke (or was shut down) before the body ended.
         """
-        reader = _Reader(self.response, self.what)
+        reader = self._reader = _Reader(self.response, self.what)
         buffer = b""
         try:
             while True:
@@ -129,11 +130,15 @@ class Stream:
             yield [buffer]
 
     def close(self) -> None:
-        """Give the connection back to the pool (read to its end), else drop it."""
+        """Give the connection back to the pool (read to its end), else drop it (ending a read of :meth:`batches` first)."""
         if self.finished:
             self.response.release_conn()
-        else:
-            self.response.close()
+            return
+        reader = self._reader
+        if reader is not None and not reader.ended:  # a close waits for a blocked read to return: end the read first
+            self.shutdown()
+            reader.thread.join(5)
+        self.response.close()
 
     def shutdown(self) -> None:
         """End a read in progress from another thread (the socket is shut down)."""
