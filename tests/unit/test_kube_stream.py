@@ -210,3 +210,20 @@ def test_a_stream_closed_while_its_reading_thread_waits_ends_that_thread(server)
     assert time.monotonic() - started < 3 and not _readers()  # not held until the server sends more (10 s here)
     batches.close()
     quiet.set()
+
+
+def test_a_caller_that_takes_its_time_holds_up_the_read_once_a_few_megabytes_wait(server, monkeypatch):
+    import kfp_trainer.backends.kube.client as client
+
+    monkeypatch.setattr(client, "READ_AHEAD", 1000)
+    lines = [b"line %04d %s" % (i, b"x" * 90) for i in range(100)]  # 100 bytes each with the newline
+    parts = [(0.0, b"%x\r\n%s\n\r\n" % (len(line) + 1, line)) for line in lines] + [(0.0, b"0\r\n\r\n")]
+    server.answers = [(b"Transfer-Encoding: chunked\r\n", parts)]
+    stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
+    got = []
+    for batch in stream.batches():
+        time.sleep(0.2)  # the whole body is there by now: only the limit keeps it out of memory
+        got.append(batch)
+        assert len(stream._reader.pieces) <= 11  # the limit, and the piece that went over it
+    stream.close()
+    assert [line for batch in got for line in batch] == lines and len(got) >= 9 and stream.finished

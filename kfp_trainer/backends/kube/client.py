@@ -48,6 +48,7 @@ Timeout = float | tuple[float, float | None] | None
 Query = Mapping[str, Any] | Sequence[tuple[str, Any]] | None
 _HTTP_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 GATHER = 0.005  # seconds a followed log's piece waits for others to be handled with it (Stream.batches)
+READ_AHEAD = 4 << 20  # bytes a stream's reading thread holds for its caller at most (Stream.batches)
 
 
 class Stream:
@@ -123,7 +124,7 @@ class Stream:
                 raise reader.failure
         finally:
             if not reader.ended:  # the caller stopped early: end the read, and with it the thread
-                self.shutdown()
+                reader.stop(self)
             reader.thread.join(5)
         self.finished = True
         if buffer:
@@ -136,8 +137,7 @@ class Stream:
             return
         reader = self._reader
         if reader is not None and not reader.ended:  # a close waits for a blocked read to return: end the read first
-            self.shutdown()
-            reader.thread.join(5)
+            reader.stop(self)
         self.response.close()
 
     def shutdown(self) -> None:
@@ -152,25 +152,38 @@ class Stream:
 
 
 class _Reader:
-    """The thread that reads a streamed body for :meth:`Stream.batches`: pieces appended as they arrive."""
+    """The thread that reads a streamed body for :meth:`Stream.batches`: pieces appended as they arrive.
+
+    It holds at most :data:`READ_AHEAD` bytes not taken yet: beyond that it waits for the caller to take
+    them (a step's log that drains slowly slows the read down, as it would without the thread,
+    instead of the log piling up in memory).
+    """
 
     def __init__(self, response: urllib3.BaseHTTPResponse, what: str) -> None:
         self.response = response
         self.what = what
+        self.limit = READ_AHEAD
         self.pieces: list[bytes] = []
         self.failure: TransportError | None = None
         self.ended = False
+        self.taken = 0  # bytes taken by the caller (written by the caller only; the thread counts what it read)
         self._ready = threading.Event()
+        self._room = threading.Event()
         self.thread = threading.Thread(target=self._read, name="stream-read", daemon=True)
         self.thread.start()
 
     def _read(self) -> None:
-        add, ready = self.pieces.append, self._ready
+        add, ready, room, read = self.pieces.append, self._ready, self._room, 0
         try:
             for chunk in self.response.stream(amt=None, decode_content=True):
                 add(chunk)
+                read += len(chunk)
                 if not ready.is_set():
                     ready.set()
+                if read - self.taken > self.limit:
+                    room.clear()
+                    if read - self.taken > self.limit:  # checked again after the clear: a take before it is seen
+                        room.wait()
         except _HTTP_ERRORS as e:
             self.failure = TransportError(f"{self.what}: the stream broke off: {e}")
             self.failure.__cause__ = e
@@ -193,7 +206,15 @@ class _Reader:
         n = len(pieces)
         taken = pieces[:n]
         del pieces[:n]  # the thread only appends: what it adds meanwhile stays
+        self.taken += sum(map(len, taken))
+        self._room.set()
         return taken
+
+    def stop(self, stream: Stream) -> None:
+        """End the read (the socket shut down) and wait for the thread, also when it waits for room."""
+        stream.shutdown()
+        self._room.set()
+        self.thread.join(5)
 
 
 @dataclass(frozen=True)
