@@ -154,6 +154,28 @@ def version_mismatch(answer: APIError | None) -> str | None:
     return None
 
 
+def runtime_not_seen(answer: APIError | None, kind: str, name: str) -> bool:
+    """Whether a create was refused by a webhook that does not know the runtime ``kind``/``name`` (yet).
+
+    The Trainer's webhook looks the runtime up in its controller's cache, which learns of a
+    runtime a moment after the API server stored it: a runtime made just before the TrainJob
+    (read by the launcher, so it exists) can be refused as not found. The webhook says so only
+    in words, in its message or in the field cause for ``spec.runtimeRef``.
+
+    Example:
+        >>> from .apierrors import api_error
+        >>> runtime_not_seen(api_error(422, {"reason": "Invalid", "message": 'admission webhook "validator.trainjob.trainer.kubeflow.org" '
+        ...     'denied the request: spec.runtimeRef: Invalid value: {...}: TrainingRuntime.trainer.kubeflow.org "team" not found'}),
+        ...     "TrainingRuntime", "team")
+        True
+    """
+    if answer is None or answer.status not in (400, 403, 422):
+        return False
+    words = re.compile(r"(?<![A-Za-z])" + re.escape(f'{kind}.{GROUP} "{name}" not found'))  # not ClusterTrainingRuntime for TrainingRuntime
+    texts = [answer.message] + [c.get("message", "") for c in answer.causes if c.get("field") == "spec.runtimeRef"]
+    return "denied the request" in answer.message and any(words.search(text) for text in texts)
+
+
 def available_runtimes(api: Client, namespace: str, *, policy: RetryPolicy) -> list[str]:
     """``Kind/name`` of every runtime visible from ``namespace`` (notes where listing is not allowed)."""
     names = []

@@ -36,7 +36,7 @@ from ..base import JobHandle, Submission, check_ownership, trainjob_status
 from ..deletion import deleted_status
 from ..owner import describe
 from .api import Conflict, NotFound, RetryPolicy, call
-from .discovery import version_mismatch
+from .discovery import runtime_not_seen, version_mismatch
 from .leftovers import JOBSET_LABEL, Leftover, leftovers_message
 from .paths import MERGE_PATCH, pod, trainjob, trainjobs
 from .watch import wait_gone
@@ -52,6 +52,9 @@ CREATE_TIMEOUT = (10, 20)  # a stop signal waits for the create's answer: keep i
 # deletion): those orphans appear a moment after the last pod went, and the garbage collector
 # removes them. Once no pod is left, look again after this many seconds and wait for any such.
 POD_SETTLE = 1.0
+# Seconds between tries of a create the Trainer's webhook refused for a runtime it does not see
+# yet (its controller's cache lags the API server by a moment): about 7.5 s in all.
+RUNTIME_SEEN_WAITS = (0.5, 1.0, 2.0, 4.0)
 
 
 class Lifecycle:
@@ -69,7 +72,26 @@ class Lifecycle:
         return found
 
     def create(self, namespace: str, manifest: dict[str, Any], *, stop: Stop) -> TrainJob:
-        """Create the TrainJob (strict field validation). A stop request waits for the answer."""
+        """Create the TrainJob (strict field validation). A stop request waits for the answer.
+
+        A refusal by a webhook that does not know the runtime yet (:func:`runtime_not_seen`:
+        the runtime was read before, so it exists; made just now, it is not in the
+        controller's cache yet) is tried again after :data:`RUNTIME_SEEN_WAITS`; nothing was
+        created by a refused attempt.
+        """
+        ref = manifest["spec"].get("runtimeRef") or {}
+        for wait in (*RUNTIME_SEEN_WAITS, None):
+            try:
+                return self._create(namespace, manifest, stop=stop)
+            except RejectedError as e:
+                if wait is None or not runtime_not_seen(e.answer, ref.get("kind", ""), ref.get("name", "")):
+                    raise
+                log.info("the Trainer's webhook does not see %s/%s yet (made just now?); trying again in %.1fs",
+                         ref.get("kind"), ref.get("name"), wait)  # fmt: skip
+                stop.sleep(wait)
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def _create(self, namespace: str, manifest: dict[str, Any], *, stop: Stop) -> TrainJob:
         attempts = []
 
         def attempt(*args: Any, **kwargs: Any) -> TrainJob:
