@@ -66,6 +66,17 @@ class Stream:
         self.finished = False
         self._reader: _Reader | None = None  # the thread reading for batches(), once started
 
+    def _pieces(self) -> Iterator[bytes]:
+        """The body as urllib3 reads it (an HTTP chunk of a chunked body at a time).
+
+        Raises:
+            TransportError: The connection broke (or was shut down) before the body ended.
+        """
+        try:
+            yield from self.response.stream(amt=None, decode_content=True)
+        except _HTTP_ERRORS as e:
+            raise TransportError(f"{self.what}: the stream broke off: {e}") from e
+
     def lines(self) -> Iterator[bytes]:
         """The non-empty lines of the body, as they arrive, read in this thread.
 
@@ -73,16 +84,9 @@ class Stream:
             TransportError: The connection broke (or was shut down) before the body ended.
         """
         buffer = b""
-        try:
-            for chunk in self.response.stream(amt=None, decode_content=True):
-                if b"\n" not in chunk:
-                    buffer += chunk
-                    continue
-                parts = (buffer + chunk if buffer else chunk).split(b"\n")
-                buffer = parts.pop()
-                yield from (line for line in parts if line.strip())
-        except _HTTP_ERRORS as e:
-            raise TransportError(f"{self.what}: the stream broke off: {e}") from e
+        for piece in self._pieces():
+            parts, buffer = _complete(buffer, piece)
+            yield from (line for line in parts if line.strip())
         self.finished = True
         if buffer.strip():
             yield buffer
@@ -101,7 +105,7 @@ class Stream:
         Raises:
             TransportError: The connection broke (or was shut down) before the body ended.
         """
-        reader = self._reader = _Reader(self.response, self.what)
+        reader = self._reader = _Reader(self)
         buffer = b""
         try:
             while True:
@@ -109,23 +113,15 @@ class Stream:
                 if gather and not ended:
                     time.sleep(gather)  # let the pieces that follow this one join it
                     ended = reader.ended
-                pieces = reader.take()
-                if pieces:
-                    data = b"".join(pieces)
-                    if b"\n" in data:
-                        parts = (buffer + data if buffer else data).split(b"\n")
-                        buffer = parts.pop()
-                        yield parts
-                    else:
-                        buffer += data
+                parts, buffer = _complete(buffer, b"".join(reader.take()))
+                if parts:
+                    yield parts
                 if ended and not reader.pieces:
                     break
             if reader.failure is not None:
                 raise reader.failure
         finally:
-            if not reader.ended:  # the caller stopped early: end the read, and with it the thread
-                reader.stop(self)
-            reader.thread.join(5)
+            reader.stop()  # at once when the read ended; when the caller stopped early, the read is ended first
         self.finished = True
         if buffer:
             yield [buffer]
@@ -135,9 +131,8 @@ class Stream:
         if self.finished:
             self.response.release_conn()
             return
-        reader = self._reader
-        if reader is not None and not reader.ended:  # a close waits for a blocked read to return: end the read first
-            reader.stop(self)
+        if self._reader is not None:  # a close waits for a blocked read to return: end the read first
+            self._reader.stop()
         self.response.close()
 
     def shutdown(self) -> None:
@@ -151,6 +146,14 @@ class Stream:
                 pass
 
 
+def _complete(buffer: bytes, data: bytes) -> tuple[list[bytes], bytes]:
+    """The lines ``data`` completes after ``buffer`` (the start of a line), and the start of the next line."""
+    if b"\n" not in data:
+        return [], buffer + data
+    parts = (buffer + data if buffer else data).split(b"\n")
+    return parts, parts.pop()
+
+
 class _Reader:
     """The thread that reads a streamed body for :meth:`Stream.batches`: pieces appended as they arrive.
 
@@ -159,10 +162,8 @@ class _Reader:
     instead of the log piling up in memory).
     """
 
-    def __init__(self, response: urllib3.BaseHTTPResponse, what: str) -> None:
-        self.response = response
-        self.what = what
-        self.limit = READ_AHEAD
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
         self.pieces: list[bytes] = []
         self.failure: TransportError | None = None
         self.ended = False
@@ -173,22 +174,21 @@ class _Reader:
         self.thread.start()
 
     def _read(self) -> None:
-        add, ready, room, read = self.pieces.append, self._ready, self._room, 0
+        add, ready, room, limit, read = self.pieces.append, self._ready, self._room, READ_AHEAD, 0
         try:
-            for chunk in self.response.stream(amt=None, decode_content=True):
+            for chunk in self.stream._pieces():
                 add(chunk)
                 read += len(chunk)
                 if not ready.is_set():
                     ready.set()
-                if read - self.taken > self.limit:
+                if read - self.taken > limit:
                     room.clear()
-                    if read - self.taken > self.limit:  # checked again after the clear: a take before it is seen
+                    if read - self.taken > limit:  # checked again after the clear: a take before it is seen
                         room.wait()
-        except _HTTP_ERRORS as e:
-            self.failure = TransportError(f"{self.what}: the stream broke off: {e}")
-            self.failure.__cause__ = e
+        except TransportError as e:
+            self.failure = e
         except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread, never lost
-            self.failure = TransportError(f"{self.what}: the stream broke off: {type(e).__name__}: {e}")
+            self.failure = TransportError(f"{self.stream.what}: the stream broke off: {type(e).__name__}: {e}")
             self.failure.__cause__ = e
         finally:
             self.ended = True
@@ -210,10 +210,11 @@ class _Reader:
         self._room.set()
         return taken
 
-    def stop(self, stream: Stream) -> None:
-        """End the read (the socket shut down) and wait for the thread, also when it waits for room."""
-        stream.shutdown()
-        self._room.set()
+    def stop(self) -> None:
+        """Wait for the thread; end its read first (the socket shut down) when it has not ended, also when it waits for room."""
+        if not self.ended:
+            self.stream.shutdown()
+            self._room.set()
         self.thread.join(5)
 
 

@@ -80,16 +80,16 @@ class Lifecycle:
         created by a refused attempt.
         """
         ref = manifest["spec"].get("runtimeRef") or {}
-        for wait in (*RUNTIME_SEEN_WAITS, None):
+        for wait in RUNTIME_SEEN_WAITS:
             try:
                 return self._create(namespace, manifest, stop=stop)
             except RejectedError as e:
-                if wait is None or not runtime_not_seen(e.answer, ref.get("kind", ""), ref.get("name", "")):
+                if not runtime_not_seen(e.answer, ref.get("kind", ""), ref.get("name", "")):
                     raise
                 log.info("the Trainer's webhook does not see %s/%s yet (made just now?); trying again in %.1fs",
                          ref.get("kind"), ref.get("name"), wait)  # fmt: skip
                 stop.sleep(wait)
-        raise AssertionError("unreachable")  # the last attempt returns or raises
+        return self._create(namespace, manifest, stop=stop)  # the last try: its refusal is reported
 
     def _create(self, namespace: str, manifest: dict[str, Any], *, stop: Stop) -> TrainJob:
         attempts = []
