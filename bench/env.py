@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from bench import audit
+from bench import audit, procs
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack" / "k8s"))
@@ -29,7 +29,6 @@ import peer_sdk  # noqa: E402  (hack/sdk/peer_sdk.py)
 import testcluster  # noqa: E402  (hack/k8s/testcluster)
 
 NS = audit.IDENTITY_NS
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def start_cluster(verbose: bool = False) -> testcluster.TestCluster:
@@ -49,13 +48,7 @@ def start_cluster(verbose: bool = False) -> testcluster.TestCluster:
 
 def cpu_seconds(pid: int | None) -> float:
     """User + system CPU seconds of process ``pid`` so far (0 when it is gone)."""
-    if not pid:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return (procs.cpu_seconds(pid) or 0.0) if pid else 0.0
 
 
 class Identities:

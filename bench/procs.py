@@ -63,7 +63,7 @@ class Proc:
                 return
             size += len(data)
             self._chunks.append(data)
-            self._cpu.append(_cpu_seconds(self.popen.pid))
+            self._cpu.append(cpu_seconds(self.popen.pid))
             self._times.append(now)
             self._ends.append(size)
             if self._marker:
@@ -115,15 +115,17 @@ class Proc:
         """Everything the child printed so far."""
         return b"".join(self._chunks)
 
+    def _chunk(self, offset: int) -> int:
+        """The index of the chunk that brought the byte at ``offset`` of the output (the last one, past the end)."""
+        return min(bisect.bisect_right(self._ends, offset), len(self._ends) - 1)
+
     def time_at(self, offset: int) -> float:
         """When the byte at ``offset`` of the output arrived."""
-        i = bisect.bisect_right(self._ends, offset)
-        return self._times[min(i, len(self._times) - 1)]
+        return self._times[self._chunk(offset)]
 
     def cpu_at(self, offset: int) -> float | None:
         """The child's CPU seconds (user + system, all threads) when the byte at ``offset`` of the output arrived."""
-        i = bisect.bisect_right(self._ends, offset)
-        return self._cpu[min(i, len(self._cpu) - 1)]
+        return self._cpu[self._chunk(offset)]
 
     def line_time(self, prefix: bytes) -> float | None:
         """When the first line starting with ``prefix`` arrived (complete); None if none did."""
@@ -145,7 +147,7 @@ class Proc:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of a running process so far (None once it is gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

@@ -6,9 +6,10 @@ in the CRI format. Each reader then follows that running container's log (``foll
 while a job trains) and is stopped once the last line is out; in turn, ``rounds`` times:
 
 * ``raw``: one streaming GET of the log (``follow=true&timestamps=true``, as ours reads it)
-  that only counts newlines -- the ceiling this API server and its kubelet set for any client
-  of that request; ``raw_untimed``: the same without ``timestamps=true``, as the peer reads it
-  (31 bytes fewer per line for the kubelet and the API server to send);
+  that only counts newlines, a chunk at a time -- a bare reader of that request, the pace this
+  API server and its kubelet keep for it (a reader that handles many chunks at once can pass
+  it); ``raw_untimed``: the same without ``timestamps=true``, as the peer reads it (31 bytes
+  fewer per line for the kubelet and the API server to send);
 * ours: ``kfp-trainer launch`` of the same task with ``--logs 0`` (it adopts the running job
   and follows its log);
 * the peer: ``get_job_logs(name, follow=True)``, each line printed.

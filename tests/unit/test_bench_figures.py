@@ -7,7 +7,7 @@ import time
 
 from bench.analyze import percentile, spread
 from bench.audit import USER_PREFIX, AuditLog, kinds
-from bench.procs import _cpu_seconds
+from bench.procs import cpu_seconds
 from bench.report import compare, rows
 
 
@@ -86,9 +86,9 @@ def test_a_childs_cpu_time_is_read_while_it_runs_and_none_once_it_is_gone():
                               "input()"], stdin=subprocess.PIPE)  # fmt: skip
     try:
         deadline = time.monotonic() + 30
-        while (spent := _cpu_seconds(child.pid)) is not None and spent < 0.3 and time.monotonic() < deadline:
+        while (spent := cpu_seconds(child.pid)) is not None and spent < 0.3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert spent is not None and 0.3 <= spent < 5
     finally:
         child.communicate(b"\n", timeout=30)
-    assert _cpu_seconds(child.pid) is None
+    assert cpu_seconds(child.pid) is None
