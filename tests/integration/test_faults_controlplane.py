@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from urllib.parse import urlparse
 
 import pytest
@@ -57,9 +58,13 @@ class Run:
             self.result["error"] = e
 
     def wait_line(self, text: str, timeout: float = 60) -> None:
+        self.wait_until(lambda: text in self.out.getvalue(), f"the line {text!r}", timeout)
+
+    def wait_until(self, check: Callable[[], bool], what: str, timeout: float = 60) -> None:
+        """Wait for ``check()``; fail with ``what`` and the launcher's output if it ends or ``timeout`` passes first."""
         deadline = time.monotonic() + timeout
-        while text not in self.out.getvalue():
-            assert self.thread.is_alive() and time.monotonic() < deadline, (self.result, self.out.getvalue())
+        while not check():
+            assert self.thread.is_alive() and time.monotonic() < deadline, (what, self.result, self.out.getvalue())
             time.sleep(0.05)
 
     def finish(self, timeout: float = 180):
@@ -139,13 +144,7 @@ def test_a_410_storm_relists_every_watch_and_the_log_is_still_exact(kube_client,
         assert lines[-1] not in run.out.getvalue(), f"the log ended before restart {restart}: make it longer"
         before = relists()
         cluster.restart("kube-apiserver", kill=signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while relists() == before:
-            assert run.thread.is_alive() and time.monotonic() < deadline, (
-                f"no watch relisted after restart {restart}",
-                [r.getMessage() for r in caplog.records],
-            )
-            time.sleep(0.05)
+        run.wait_until(lambda before=before: relists() > before, f"a watch relisting after restart {restart}")
     outcome = run.finish()
     assert outcome.succeeded
     assert relayed(run.out.getvalue()) == lines
