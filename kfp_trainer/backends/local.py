@@ -209,9 +209,9 @@ class LocalBackend(Backend):
             self._initialize(obj, job)
             if not self._start_nodes(obj, command, job):
                 return
-            codes = self._wait(job)
+            codes, stopped = self._wait(job)
             if not job.cancelled.is_set():
-                self._record_end(job, obj, codes)
+                self._record_end(job, obj, codes, stopped)
         except UserError as e:
             with open(job.dir / "logs" / "node-0.log", "a") as out:
                 out.write(f"initializer failed: {e}\n")
@@ -264,20 +264,30 @@ class LocalBackend(Backend):
         )
         return True
 
-    def _record_end(self, job: Supervised, obj: dict[str, Any], codes: dict[int, int]) -> None:
-        """Write the nodes' exit codes and the job's end (Complete, or Failed naming the first failed node)."""
+    def _record_end(self, job: Supervised, obj: dict[str, Any], codes: dict[int, int], stopped: set[int]) -> None:
+        """Write the nodes' exit codes and the job's end (Complete, or Failed naming the node that failed first).
+
+        The nodes stopped because another failed are the consequence, not the cause: the first
+        failed node is the lowest of those that ended on their own (``failedNode``), and the
+        stopped ones are listed (``stoppedNodes``).
+        """
         failed = {n: c for n, c in codes.items() if c != 0}
         jobs_status = [{"name": "node", "active": 0, "ready": 0, "succeeded": len(codes) - len(failed), "failed": len(failed)}]
-        self._set_status(job, obj, jobsStatus=jobs_status, exitCodes={str(n): c for n, c in codes.items()})
-        if failed:
-            first = min(failed)
+        first = min((n for n in failed if n not in stopped), default=min(failed, default=None))
+        ended = {"failedNode": str(first), "stoppedNodes": sorted(map(str, stopped))} if first is not None else {}
+        self._set_status(job, obj, jobsStatus=jobs_status, exitCodes={str(n): c for n, c in codes.items()}, **ended)
+        if first is not None:
             self._finish(job, obj, "Failed", "FailedJobs", f"node-{first} exited with code {failed[first]}")
         else:
             self._finish(job, obj, "Complete", "AllJobsCompleted", "all nodes exited 0")
 
-    def _wait(self, job: Supervised) -> dict[int, int]:
-        """Wait for every node; when one fails, stop the others (as JobSet's failure policy does)."""
+    def _wait(self, job: Supervised) -> tuple[dict[int, int], set[int]]:
+        """Wait for every node; when one fails, stop the others (as JobSet's failure policy does).
+
+        Returns every node's exit code, and the nodes stopped because another failed.
+        """
         codes: dict[int, int] = {}
+        stopped: set[int] = set()
         obj = read_json(job.dir / "trainjob.json") or {}
         while len(codes) < len(job.procs) and not job.cancelled.is_set():
             if not _recorded(job.dir, obj):  # its record was removed: the job is deleted, its nodes go with it
@@ -293,9 +303,10 @@ class LocalBackend(Backend):
                     if node not in codes:
                         kill_group(proc)
                         codes[node] = proc.returncode if proc.returncode is not None else -signal.SIGTERM
+                        stopped.add(node)
                 break
             time.sleep(0.2)
-        return codes
+        return codes, stopped
 
     def delete(self, ref: JobRef, *, wait: float = 30.0) -> str | None:
         """Kill the job's whole process tree and remove its state."""

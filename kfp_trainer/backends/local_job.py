@@ -176,14 +176,17 @@ class LocalJob(JobHandle):
             stop.wait(0.2)
 
     def diagnose(self, *, tail: int = 40) -> str:
-        """Exit codes of the nodes and the last lines of the first failing node's log."""
+        """Exit codes of the nodes and the last lines of the log of the node that failed first."""
         obj = read_json(self.dir / "trainjob.json") or {}
         status: Mapping[str, Any] = obj.get("status") or {}  # with this backend's own fields
         codes = status.get("exitCodes") or {}
+        failing = str(status.get("failedNode") or next((n for n, c in sorted(codes.items(), key=lambda x: int(x[0])) if c != 0), "0"))
+        stopped = set(status.get("stoppedNodes") or [])
         parts = []
         if codes:
-            parts.append("Nodes:\n" + "\n".join(f"  node-{n}: exit {c}" for n, c in sorted(codes.items())))
-        failing = next((n for n, c in sorted(codes.items()) if c != 0), "0")
+            parts.append("Nodes:\n" + "\n".join(
+                f"  node-{n}: exit {c}" + (f" (stopped after node-{failing} failed)" if n in stopped else "")
+                for n, c in sorted(codes.items(), key=lambda x: int(x[0]))))  # fmt: skip
         path = self.dir / "logs" / f"node-{failing}.log"
         if path.exists():
             lines = path.read_text(errors="replace").splitlines()[-tail:]

@@ -70,6 +70,21 @@ def test_failing_trainer_fails_with_the_log_tail(tmp_path):
     assert "loading data" in message and "CUDA out of memory (pretend)" in message
 
 
+def test_a_failing_node_is_named_and_shown_not_the_node_stopped_after_it(tmp_path):
+    # Node 1 fails; node 0 (which would run on) is stopped after it and exits non-zero as well.
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys, time\nrank = os.environ['PET_NODE_RANK']\nprint(f'rank {rank} up', flush=True)\n"
+        "sys.exit(3) if rank == '1' else time.sleep(60)\n"
+    )
+    with pytest.raises(JobFailedError) as info:
+        run(tmp_path, num_nodes=2, command=["python", str(script)])
+    message = str(info.value)
+    assert "node-1 exited with code 3" in message, message
+    assert "node-0: exit -15 (stopped after node-1 failed)" in message and "node-1: exit 3\n" in message, message
+    assert "log lines of node-1:\n  rank 1 up" in message, message
+
+
 def test_initializers_fill_the_workspace_the_trainer_reads(tmp_path):
     script = tmp_path / "count.py"
     script.write_text("import sys\nprint('records', sum(1 for _ in open(sys.argv[1])), flush=True)\n")

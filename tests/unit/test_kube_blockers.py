@@ -162,9 +162,24 @@ def test_the_diagnosis_names_the_node_and_container_of_a_failed_pod():
     }
     line, failing = pod_summary(pod)
     assert line == "  train-abc-node-0-1-x: Running on node gpu-7; sidecar: running, restarts 1; node: exit 137 (OOMKilled), restarts 1"
-    assert failing == ("train-abc-node-0-1-x", "node", True)  # its log: the previous instance's
+    assert failing == ("train-abc-node-0-1-x", "node", True, "")  # its log: the previous instance's; no end time given
     unscheduled = {"metadata": {"name": "p"}, "spec": {"containers": []}, "status": {"phase": "Pending"}}
     assert pod_summary(unscheduled) == ("  p: Pending; ", None)
+
+
+def test_the_diagnosis_shows_the_log_of_the_container_that_failed_first():
+    from kfp_trainer.backends.kube.inspect import Failure, first_failure
+
+    def ended(pod, at):
+        return Failure(pod, "node", False, at)
+
+    # Rank 1 crashed; rank 0 was stopped after it (JobSet's failure policy) and exited non-zero too.
+    crashed, stopped = ended("tj-node-0-1-b", "2026-12-06T10:09:45Z"), ended("tj-node-0-0-a", "2026-12-06T10:09:47Z")
+    assert first_failure([stopped, crashed]) == crashed
+    same_second = [ended("tj-node-0-1-b", "2026-12-06T10:09:45Z"), ended("tj-node-0-0-a", "2026-12-06T10:09:45Z")]
+    assert first_failure(same_second).pod == "tj-node-0-0-a"  # then name order
+    assert first_failure([ended("tj-node-0-0-a", ""), crashed]) == crashed  # no end time: after those with one
+    assert first_failure([]) is None
 
 
 WORKLOAD = "trainjob-train-abc-1a2b3"

@@ -30,7 +30,7 @@ Example:
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...errors import UserError
 from ...jobstatus import JobRef
@@ -324,18 +324,45 @@ def pod_blockers(pod: Pod) -> list[Blocker]:
     return found
 
 
-def pod_summary(pod: Pod) -> tuple[str, tuple[str, str, bool] | None]:
+class Failure(NamedTuple):
+    """A container that exited non-zero: its pod, its name, whether it runs again since, and when it ended (RFC 3339)."""
+
+    pod: str
+    container: str
+    restarted: bool
+    finished: str
+
+
+def first_failure(failures: list[Failure]) -> Failure | None:
+    """The container that failed first: the cause, where the others were stopped after it.
+
+    A JobSet ends the other ranks when one fails, and they may exit non-zero too. Name order
+    between those that ended in the same second; one without an end time comes last.
+
+    Example:
+        >>> killed = Failure("tj-node-0-0-a", "node", False, "2026-12-06T10:09:47Z")
+        >>> crashed = Failure("tj-node-0-1-b", "node", False, "2026-12-06T10:09:45Z")
+        >>> first_failure([killed, crashed]).pod
+        'tj-node-0-1-b'
+    """
+    # The API server writes times as RFC 3339 in UTC to the second: their text sorts as the times do.
+    return min(failures, key=lambda f: (f.finished or "~", f.pod), default=None)
+
+
+def pod_summary(pod: Pod) -> tuple[str, Failure | None]:
     """A pod's line of the diagnosis (phase, node, containers) and its first failed container.
 
-    The failed container is ``(pod, container, restarted since)``: the first that exited
-    non-zero, or None.
+    The failed container is the first that exited non-zero, or None.
 
     Example:
         >>> pod = {"metadata": {"name": "tj-node-0-0-x"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Failed",
-        ...        "containerStatuses": [{"name": "node", "restartCount": 0,
-        ...                               "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
-        >>> pod_summary(pod)
-        ('  tj-node-0-0-x: Failed on node n1; node: exit 137 (OOMKilled), restarts 0', ('tj-node-0-0-x', 'node', False))
+        ...        "containerStatuses": [{"name": "node", "restartCount": 0, "state": {"terminated":
+        ...            {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2026-12-06T10:09:45Z"}}}]}}
+        >>> line, failing = pod_summary(pod)
+        >>> line
+        '  tj-node-0-0-x: Failed on node n1; node: exit 137 (OOMKilled), restarts 0'
+        >>> failing
+        Failure(pod='tj-node-0-0-x', container='node', restarted=False, finished='2026-12-06T10:09:45Z')
     """
     name = str((pod.get("metadata") or {}).get("name") or "")
     status = pod.get("status") or {}
@@ -348,7 +375,7 @@ def pod_summary(pod: Pod) -> tuple[str, tuple[str, str, bool] | None]:
         detail = f"exit {term.get('exitCode')} ({term.get('reason')})" if term else (wait.get("reason") if wait else "running")
         states.append(f"{cs.get('name')}: {detail}, restarts {cs.get('restartCount') or 0}")
         if term and term.get("exitCode") and failing is None:
-            failing = (name, str(cs.get("name")), "waiting" in state or "running" in state)
+            failing = Failure(name, str(cs.get("name")), "waiting" in state or "running" in state, str(term.get("finishedAt") or ""))
     node = (pod.get("spec") or {}).get("nodeName")
     where = f" on node {node}" if node else ""
     return f"  {name}: {status.get('phase')}{where}; " + "; ".join(states), failing
@@ -362,12 +389,14 @@ def diagnose(api: ApiClient, ref: JobRef, *, tail: int = 40, created: str = "", 
                       what=f"list pods of {ref}", policy=policy)  # fmt: skip
     except UserError as e:
         return f"(could not list pods: {e})"
-    failing = None
+    failures = []
     pod_lines = []
     for pod in sorted(listed.get("items") or [], key=lambda p: str(p["metadata"]["name"])):
         line, failed = pod_summary(pod)
         pod_lines.append(line)
-        failing = failing or failed
+        if failed:
+            failures.append(failed)
+    failing = first_failure(failures)
     if pod_lines:
         parts.append("Pods:\n" + "\n".join(pod_lines))
     try:
@@ -391,7 +420,7 @@ def diagnose(api: ApiClient, ref: JobRef, *, tail: int = 40, created: str = "", 
             )
         )
     if failing:
-        pod_name, container, restarted = failing
+        pod_name, container, restarted = failing.pod, failing.container, failing.restarted
         query = {"container": container, "tailLines": tail, "previous": restarted}
         try:
             text = call(api.request, "GET", pod_log(ref.namespace, pod_name), query=query, what=f"logs of {pod_name}", policy=policy)
