@@ -163,9 +163,10 @@ def test_a_finalizer_that_outlasts_the_deletion_bound_is_named_with_the_remedy(k
 
 
 def test_sigterm_swept_from_process_start_to_log_streaming_never_leaves_anything(kube_client, cluster, api_client, checked):
-    """SIGTERM at 24 points from the launcher's start to well into log streaming, four launchers
-    at a time, pods really running: each ends with exit 130 and nothing of its run left the
-    moment it exits (or was killed before creating anything)."""
+    """SIGTERM at 24 points from the launcher's start to well into log streaming (and later ones
+    where launches run slower than calibrated), four launchers at a time, pods really running:
+    each ends with exit 130 and nothing of its run left the moment it exits (or was killed
+    before creating anything)."""
     ns = checked
     script = PodScript(lines=[f"step {i}" for i in range(400)], line_delay=0.25, exit_delay=float("inf"), start_delay=1.5)
     extra = ("--pod-annotations", annotations(script))
@@ -189,8 +190,7 @@ def test_sigterm_swept_from_process_start_to_log_streaming_never_leaves_anything
     streaming_at = max(m[1] for m in marks)
     points = 24
 
-    def one(i: int) -> tuple[float, int, str, float, list[str]]:
-        delay = streaming_at * 1.4 * i / (points - 1)
+    def one(i: int, delay: float) -> tuple[float, int, str, float, list[str]]:
         run = f"sweep-{i}"
         out = Output(start_launch(cluster.kubeconfig, ns, run, *extra))
         time.sleep(delay)  # the fault's moment, not an assertion
@@ -201,25 +201,37 @@ def test_sigterm_swept_from_process_start_to_log_streaming_never_leaves_anything
         left = leftovers(kube_client, ns, selector=f"{spec.LABEL_RUN}={run}")
         return delay, rc, out.text, took, left
 
+    def tally(results: list[tuple[float, int, str, float, list[str]]]) -> dict[str, int]:
+        """Each launch's outcome checked, and counted by the phase the signal found it in."""
+        phases = {"before handlers": 0, "before create": 0, "created": 0, "streaming": 0}
+        for delay, rc, text, took, left in results:
+            assert left == [], (delay, left, text)
+            assert "Traceback" not in text, text
+            if rc == -signal.SIGTERM:  # the signal's default action: before the launcher's first instruction
+                assert text.strip() == "", text
+                phases["before handlers"] += 1
+                continue
+            assert rc == 130, (delay, rc, text)
+            assert "received SIGTERM: the run was cancelled" in text, text
+            if relayed(text):
+                phases["streaming"] += 1
+            elif "created TrainJob" in text or "cancelled while submitting; deleted TrainJob" in text:
+                phases["created"] += 1
+            else:
+                phases["before create"] += 1
+            assert took < 20, (delay, took, text)
+        return phases
+
     with ThreadPoolExecutor(parallel) as pool:
-        results = list(pool.map(one, range(points)))
-    phases = {"before handlers": 0, "before create": 0, "created": 0, "streaming": 0}
-    for delay, rc, text, took, left in results:
-        assert left == [], (delay, left, text)
-        assert "Traceback" not in text, text
-        if rc == -signal.SIGTERM:  # the signal's default action: before the launcher's first instruction
-            assert text.strip() == "", text
-            phases["before handlers"] += 1
-            continue
-        assert rc == 130, (delay, rc, text)
-        assert "received SIGTERM: the run was cancelled" in text, text
-        if relayed(text):
-            phases["streaming"] += 1
-        elif "created TrainJob" in text or "cancelled while submitting; deleted TrainJob" in text:
-            phases["created"] += 1
-        else:
-            phases["before create"] += 1
-        assert took < 20, (delay, took, text)
+        results = list(pool.map(one, range(points), [streaming_at * 1.4 * i / (points - 1) for i in range(points)]))
+        # Launches slower than the calibration's (a busier moment of a shared machine): rounds of
+        # later signals, each 1.5 times as late as the one before, until the sweep reached the log.
+        for k in range(1, 6):
+            phases = tally(results)
+            if phases["streaming"] >= 3 and phases["created"] + phases["streaming"] >= 6:
+                break
+            results += pool.map(one, range(len(results), len(results) + parallel), [streaming_at * 1.4 * 1.5**k] * parallel)
+    phases = tally(results)
     print(f"created after {created_at:.1f}s, streaming after {streaming_at:.1f}s; outcomes by phase: {phases}")
     slowest = max(r[3] for r in results)
     print(f"slowest SIGTERM-to-exit (everything deleted): {slowest:.2f}s")
