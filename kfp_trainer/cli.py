@@ -18,7 +18,8 @@ Exit codes: 0 done; 1 the TrainJob (or, for ``run``, a pipeline step) failed, or
 --check`` found stale files; 2 bad input, or refused by the cluster (RBAC, admission, 401/403);
 3 no cluster configured, or its API server unreachable (DNS, refused, TLS, timeout: said
 within seconds, in one line); 130 cancelled; 141 the reader of the output went away
-(``| head``), said by nothing but the code, as ``git`` and ``kubectl`` do.
+(``| head``), said by nothing but the code, as ``git`` and ``kubectl`` do; for ``launch`` once
+the job it made is deleted (a launch nobody follows any more is cancelled, see ``docs/cancel.md``).
 """
 
 from __future__ import annotations
@@ -29,23 +30,17 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .cli_inputs import add_input_flags, inputs_from_args, seconds
 from .cli_run import task_outputs
-from .errors import EXIT_USER, KfpTrainerError
+from .errors import EXIT_READER_GONE, EXIT_USER, KfpTrainerError
 from .redaction import redact_text
 
 __all__ = ["build_parser", "main", "plain_text", "task_outputs"]
 
-# A closed stdout (``kfp-trainer render | head -1``) ends the command with 128 + SIGPIPE: the status a shell
-# reports there for git, kubectl and coreutils (they die of the signal), so a script under
-# ``set -o pipefail`` sees every tool alike, and a cut-off output (a launch no longer followed)
-# is never reported as done.
-EXIT_READER_GONE = 128 + int(getattr(signal, "SIGPIPE", 13))
 
 _ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`~?([^`<]*?)\s*(?:<[^`>]*>)?`")
 _LITERAL = re.compile(r"``(.+?)``|`([^`]+)`|\*\*(\S.*?)\*\*", re.S)  # ``literal``, `text`, **strong**
@@ -229,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--delete-after-success", action="store_true", help="delete the TrainJob once it succeeded")
     launch.add_argument("-o", "--output", default="json", choices=["json", "yaml"],
                         help="format of the summary printed at the end (json: one line)")  # fmt: skip
-    launch.set_defaults(func=cmd_launch)
+    launch.set_defaults(func=cmd_launch, stoppable=True)  # run_command makes its stop token
 
     from .cli_run import add_parser as add_run_parser
     from .gc import add_parser as add_gc_parser
@@ -265,16 +260,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_command(args: list[str]) -> int:
     """Parse ``args`` and run the command; a :class:`KfpTrainerError` becomes one ``error:`` message and its exit code."""
     try:
-        # launch: from here on a stop signal ends with the job deleted or never created (and, while it
-        # finished, still ends it cancelled); the token goes down to the command through ``ns.stop``.
-        with _stopping(args[:1] == ["launch"]) as stop:
-            ns = parse(build_parser(), args)
+        ns = parse(build_parser(), args)  # creates nothing: a stop signal until here just ends the process
+        logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        # A command that creates something (launch), as the parser found it -- wherever its name stands among
+        # the global flags: from here on a stop signal, or a reader of the output that went away, ends it with
+        # the job deleted or never created (and, while it finished, still ends it cancelled); the token goes
+        # down to the command through ``ns.stop``.
+        with _stopping(bool(getattr(ns, "stoppable", False))) as stop:
             ns.stop = stop
-            logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
             return int(ns.func(ns) or 0)
     except KfpTrainerError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(e)
         return e.exit_code
+
+
+def say_error(error: KfpTrainerError) -> None:
+    """``error: ...`` on stderr; a stderr with no reader any more is not an error of its own (the exit code says it)."""
+    try:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _stopping(wanted: bool) -> Any:

@@ -28,6 +28,10 @@ EXIT_USER = 2
 EXIT_JOB_FAILED = 1
 EXIT_INFRA = 3
 EXIT_CANCELLED = 130
+# A closed stdout (``kfp-trainer render | head -1``) ends a command with 128 + SIGPIPE: the status a shell
+# reports there for git, kubectl and coreutils (they die of the signal), so a script under
+# ``set -o pipefail`` sees every tool alike, and a cut-off output is never reported as done.
+EXIT_READER_GONE = 141
 
 
 class KfpTrainerError(Exception):

@@ -15,7 +15,12 @@ The launcher is the same for every backend. It owns the policies a pipeline step
   point's stop token (:mod:`kfp_trainer.cancel`), handed to the launcher, is looked at where
   the launcher waits (each status or heartbeat, before and after the create request), so a
   signal during the create waits for its answer, then deletes what it made, and nothing
-  interrupts a deletion; it exits with :class:`~kfp_trainer.errors.CancelledError`;
+  interrupts a deletion; it exits with :class:`~kfp_trainer.errors.CancelledError`. Once the
+  job exists, a thread of its own sends the deletion the moment the stop is requested, whatever
+  the flow is doing then, and the flow says so only after it went out: a KFP pod is gone about
+  2 s after the signal, and the step's output may have no reader any more. A launcher given no
+  token makes its own for the run (:func:`~kfp_trainer.cancel.stopping`): the Python API cancels
+  the same way as the entry points;
 * deleting waits, bounded, until the job's JobSet, Jobs and pods are gone, and says what is
   left and how to remove it;
 * a TrainJob deleted by someone else (gone, or ``deletionTimestamp`` set) ends the step at once,
@@ -46,7 +51,7 @@ from typing import Any, TextIO
 from . import spec
 from .backends.base import Backend, Blocker, JobHandle, Submission
 from .backends.deletion import RETRY
-from .cancel import Stop
+from .cancel import Stop, stopping
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
 from .jobstatus import JobRef, JobStatus, Phase
 from .kube_types import TrainJobStatus
@@ -131,6 +136,55 @@ class _Follow:
         )
 
 
+class EarlyDelete:
+    """Sends a job's deletion the moment a stop is requested, from a thread of its own.
+
+    The flow acts on a stop at its next look at the token (a heartbeat, or once a request in
+    flight returns); a KFP pod is gone about 2 s after the signal (the container's first process
+    exits soon after KFP's launcher, and takes every other one with it). So the deletion
+    request does not wait for the flow: this thread sends it at once
+    (:meth:`~kfp_trainer.backends.base.JobHandle.request_delete`: background propagation, no
+    finalizer to wait for, so the cluster removes the rest even if the step is killed right
+    after), and the flow's own deletion then waits for it to take effect. :meth:`send` sends
+    it from the flow when the thread has not (a time limit), once in all.
+    """
+
+    def __init__(self, handle: JobHandle, stop: Stop) -> None:
+        self.handle = handle
+        self.stop = stop
+        self.sent = False
+        self._lock = threading.Lock()
+        self._closed = False
+        self._wake = threading.Event()
+        self._registration = stop.waking(self._wake)
+        self._registration.__enter__()
+        self._thread = threading.Thread(target=self._wait, name="early-delete", daemon=True)
+        self._thread.start()
+
+    def _wait(self) -> None:
+        self._wake.wait()
+        if not self._closed:
+            self.send()
+
+    def send(self) -> None:
+        """Send the deletion unless it went out already (waits for one being sent by the thread)."""
+        with self._lock:
+            if self.sent:
+                return
+            self.sent = True
+            try:
+                self.handle.request_delete()
+            except Exception as e:  # the flow's own deletion tries again, and reports
+                log.info("early deletion of TrainJob %s failed: %s", self.handle.ref, e)
+
+    def close(self) -> None:
+        """The flow is done with the job: the thread ends without sending anything more."""
+        self._closed = True
+        self._registration.__exit__(None, None, None)
+        self._wake.set()
+        self._thread.join(1.0)  # it ends at once (a deletion it sent had returned before the flow's own)
+
+
 def _close(statuses: Iterator[JobStatus | None]) -> None:
     close = getattr(statuses, "close", None)  # a generator's; a plain iterator has none
     if close is not None:
@@ -152,10 +206,16 @@ class Launcher:
     ) -> None:
         self.backend = backend
         self.options = options
-        self.out = out or sys.stdout
+        self._out = out
         self.clock = clock
         self.on_submitted = on_submitted
+        self._own_stop = stop is None  # no token given: run() makes one, as the entry points do
         self.stop = stop if stop is not None else Stop()
+
+    @property
+    def out(self) -> TextIO:
+        """Where the step's log goes: ``out``, else ``sys.stdout`` as it is when written to (guarded while running)."""
+        return self._out or sys.stdout
 
     def say(self, message: str) -> None:
         """A launcher message in the step's log."""
@@ -174,10 +234,17 @@ class Launcher:
             CancelledError: SIGTERM/SIGINT; the job was deleted (or never created).
             InfraError: The cluster stayed unreachable; the job was left to a retry.
         """
+        if not self._own_stop:
+            return self._run(job)
+        with stopping() as self.stop:  # the Python API: a stop signal from here on deletes the job, as at the entry points
+            return self._run(job)
+
+    def _run(self, job: PreparedJob) -> Outcome:
         self.stop.check()  # a stop signal while preparing: nothing was created
         submission = self._submit(job)
         handle = submission.job
         outcome: Outcome | None = None
+        early = EarlyDelete(handle, self.stop)
         try:
             self.stop.check()  # a stop signal while submit returned: the job is known, and deleted below
             outcome = Outcome(
@@ -195,6 +262,7 @@ class Launcher:
             if outcome is not None and outcome.phase is Phase.DELETED:  # someone else is deleting it: theirs to finish
                 self.say(f"{type(e).__name__}: TrainJob {submission.ref} is being deleted by someone else; left to them")
                 raise
+            early.send()  # the deletion goes out before anything is said: the output may have no reader any more
             self.say(f"{type(e).__name__}: deleting TrainJob {submission.ref}")
             self._delete(handle)
             raise
@@ -202,6 +270,7 @@ class Launcher:
             self.say(f"lost the API server; TrainJob {submission.ref} is left running for a retry to adopt")
             raise
         finally:
+            early.close()
             handle.release()
         if self.options.delete_after_success:
             self._delete(handle)

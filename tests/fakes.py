@@ -3,7 +3,8 @@
 It plays one job from a script -- statuses, and numbers that advance a fake clock by that
 many seconds and stand for a heartbeat -- records every call, and runs a hook at the moments
 a test wants to act on (send a signal, raise): ``prepare``, ``create``, ``watch``,
-``logs`` (the log follower starts), ``diagnose``, ``delete``. Its submit hands back a :class:`FakeJob` (the job's handle) that
+``logs`` (the log follower starts), ``blockers``, ``diagnose``, ``request_delete`` (the early
+deletion), ``delete``. Its submit hands back a :class:`FakeJob` (the job's handle) that
 plays the backend's script. Tests subclass it to change one part (what submit writes), or
 subclass :class:`FakeJob` and name it in ``job_type`` (how the job behaves: its log).
 """
@@ -57,6 +58,7 @@ class FakeJob(JobHandle):
             yield None
 
     def blockers(self) -> list[Blocker]:
+        self.backend._hook("blockers")
         return list(self.backend.blocker_list)
 
     def queue_notes(self) -> list[str]:
@@ -74,6 +76,10 @@ class FakeJob(JobHandle):
     def diagnose(self, *, tail: int = 40) -> str:
         self.backend._hook("diagnose")
         return "Pods:\n  x-node-0-0: Failed"
+
+    def request_delete(self) -> None:
+        self.backend.requested.append((time.monotonic(), self.ref))
+        self.backend._hook("request_delete")
 
     def delete(self, *, wait: float = 30.0) -> str:
         return self.backend.delete(self.ref, wait=wait)
@@ -136,6 +142,7 @@ class FakeBackend(Backend):
         self.calls: list[tuple[str, Any]] = []
         self.submitted: list[dict[str, Any]] = []
         self.deleted: list[JobRef] = []
+        self.requested: list[tuple[float, JobRef]] = []  # request_delete calls: (monotonic time, job)
         self.reclaimed: list[str] = []
         self.released: list[JobRef] = []
         self.jobs: list[FakeJob] = []  # the handles submit handed back

@@ -232,6 +232,16 @@ class JobHandle(abc.ABC):
             (empty or None when everything is gone).
         """
 
+    def request_delete(self) -> None:
+        """Start the job's deletion at once and return without waiting for it; no error if already gone.
+
+        The launcher calls it from a thread of its own the moment a stop is requested, while its
+        flow may still be making other requests: it must be safe beside them. What it starts must
+        finish without this process (a cluster's garbage collector does). :meth:`delete` follows,
+        and waits. Default: nothing (:meth:`delete` does it all).
+        """
+        return None
+
     def release(self) -> None:
         """Stop whatever is kept running for the job once the launcher no longer follows it. Default: nothing."""
         return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -23,7 +24,7 @@ from ..cancel import TICK
 from ..jobstatus import JobRef, JobStatus, Phase
 from ..kube_types import TrainJob
 from .base import Blocker, JobHandle, LogLine, LogSink, trainjob_status
-from .procs import ProcessId, kill_process, kill_tree
+from .procs import ProcessId, kill_process, kill_tree, signal_all
 
 __all__ = ["LocalJob", "Supervised", "node_processes", "orphaned", "read_json", "remove_job"]
 
@@ -192,6 +193,12 @@ class LocalJob(JobHandle):
             lines = path.read_text(errors="replace").splitlines()[-tail:]
             parts.append(f"Last {len(lines)} log lines of node-{failing}:\n" + "\n".join("  " + line for line in lines))
         return "\n\n".join(parts)
+
+    def request_delete(self) -> None:
+        """SIGTERM the node processes this process runs, at once (torchrun stops its workers); :meth:`delete` makes sure."""
+        if self.supervised is not None:
+            self.supervised.cancelled.set()
+            signal_all([proc.pid for proc in list(self.supervised.procs.values())], signal.SIGTERM)
 
     def delete(self, *, wait: float = 30.0) -> str | None:
         """Kill the job's whole process tree and remove its state."""

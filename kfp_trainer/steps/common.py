@@ -242,7 +242,10 @@ def exit_on_error(func: Callable[[], T]) -> T:
     try:
         return func()
     except KfpTrainerError as e:
-        print(f"[kfp-trainer] error: {e}", file=sys.stderr, flush=True)
+        try:
+            print(f"[kfp-trainer] error: {e}", file=sys.stderr, flush=True)
+        except OSError:  # a stderr with no reader any more (a KFP cancel): the exit code still says it
+            pass
         raise SystemExit(e.exit_code) from None
 
 

@@ -39,11 +39,30 @@ PARAMS: dict[str, Any] = {
     "trainer_image": TRAINER_IMAGE,
     "seed": 0,
     "backend": "auto",
+    # Cluster only (the local backend ignores them): resources of each trainer node, as in the other samples.
+    "cpu_per_node": "2",
+    "memory_per_node": "4Gi",
 }
-# Resources of each trainer node (cluster only). Constants: kfp.local (2.17) cannot resolve
-# pipeline parameters in the resources of a task inside a ParallelFor.
-CPU_PER_NODE, MEMORY_PER_NODE = "2", "4Gi"
 TASK_LABELS = {"prepare-digits": "data", "train-job": "TrainJob (one per point)", "select-best": "best point"}
+
+
+@dsl.component(base_image=BASE_IMAGE, install_kfp_package=False)
+def node_resources(cpu_per_node: str, memory_per_node: str) -> dict:
+    """The resources of each trainer node, as the train steps' ``resources_per_node`` input.
+
+    KFP 2.17's compiler does not hand pipeline parameters set on a task's resources
+    (``set_cpu_limit(cpu_per_node)``) into a ``ParallelFor``: the loop's iterations cannot resolve
+    them, under ``kfp.local`` and on a backend alike. An output of a step before the loop is
+    handed in like any input.
+
+    Args:
+        cpu_per_node: CPU limit of each trainer node (``2``, ``500m``).
+        memory_per_node: Memory limit of each trainer node (``4Gi``).
+
+    Returns:
+        ``{"limits": {"cpu": ..., "memory": ...}}``.
+    """
+    return {"limits": {"cpu": cpu_per_node, "memory": memory_per_node}}
 
 
 @dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
@@ -127,9 +146,12 @@ def pipeline(
     trainer_image: str = PARAMS["trainer_image"],
     seed: int = PARAMS["seed"],
     backend: str = PARAMS["backend"],
+    cpu_per_node: str = PARAMS["cpu_per_node"],
+    memory_per_node: str = PARAMS["memory_per_node"],
 ):
     """Sweep: prepare data -> ParallelFor(grid): TrainJob -> select the best -> evaluate it."""
     data = prepare_digits(seed=seed).set_display_name("prepare data")
+    resources = node_resources(cpu_per_node=cpu_per_node, memory_per_node=memory_per_node).set_display_name("node resources")
     with dsl.ParallelFor(items=grid, parallelism=PARALLELISM, name="grid") as point:
         train = train_job(
             runtime=runtime,
@@ -141,10 +163,10 @@ def pipeline(
             ],
             num_nodes=num_nodes,
             num_proc_per_node="1",
+            resources_per_node=resources.output,
             dataset=data.outputs["dataset"],
             backend=backend,
         ).set_display_name("train point (TrainJob)")
-        train.set_cpu_limit(CPU_PER_NODE).set_memory_limit(MEMORY_PER_NODE)
     best = select_best(
         models=dsl.Collected(train.outputs["output_model"]), metrics=dsl.Collected(train.outputs["metrics"]), metric=metric
     ).set_display_name("select best")

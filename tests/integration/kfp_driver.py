@@ -64,13 +64,18 @@ def _substitute(value: Any, values: dict[str, Any], context: dict[str, str]) -> 
     return _INPUT_REF.sub(lambda m: str(values[m.group(1)]), value)
 
 
-def _scope_values(spec: dict, path: list[str], params: dict[str, Any], loop_index: int) -> dict[str, Any]:
-    """The parameters visible inside the DAGs on ``path``: pipeline parameters, loop items."""
+def _scope_values(spec: dict, path: list[str], params: dict[str, Any], loop_index: int,
+                  outputs: dict[tuple[str, str], Any]) -> dict[str, Any]:  # fmt: skip
+    """The parameters visible inside the DAGs on ``path``: pipeline parameters, upstream outputs, loop items."""
     values = {f"pipelinechannel--{k}": v for k, v in params.items()}
     values.update(params)
     dag = spec["root"]["dag"]
     for name in path:
         item = dag["tasks"][name]
+        for key, source in ((item.get("inputs") or {}).get("parameters") or {}).items():
+            if "taskOutputParameter" in source:  # an output of a task before the DAG, handed in
+                produced = source["taskOutputParameter"]
+                values[key] = outputs[(produced["producerTask"], produced["outputParameterKey"])]
         iterator = item.get("parameterIterator")
         if iterator:
             items = values[iterator["items"]["inputParameter"]]
@@ -79,10 +84,14 @@ def _scope_values(spec: dict, path: list[str], params: dict[str, Any], loop_inde
     return values
 
 
-def task_inputs(spec: dict, task: str, params: dict[str, Any], context: dict[str, str], loop_index: int = 0) -> dict[str, Any]:
-    """The parameter values the driver puts into the task's executor input."""
+def task_inputs(spec: dict, task: str, params: dict[str, Any], context: dict[str, str], loop_index: int = 0,
+                outputs: dict[tuple[str, str], Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The parameter values the driver puts into the task's executor input.
+
+    ``outputs``: the parameter outputs of the tasks that ran before, by (task, output name).
+    """
     item, path = find_task(spec, task)
-    scope = _scope_values(spec, path, params, loop_index)
+    scope = _scope_values(spec, path, params, loop_index, outputs or {})
     given = (item.get("inputs") or {}).get("parameters") or {}
     resolved: dict[str, Any] = {}
     for name, source in given.items():  # channels first: constants may refer to them
@@ -92,7 +101,8 @@ def task_inputs(spec: dict, task: str, params: dict[str, Any], context: dict[str
         if "runtimeValue" in source:
             resolved[name] = _substitute(source["runtimeValue"]["constant"], resolved, context)
         elif "taskOutputParameter" in source:
-            raise NotImplementedError(f"{task}.{name}: outputs of other tasks are not emulated")
+            produced = source["taskOutputParameter"]
+            resolved[name] = copy.deepcopy((outputs or {})[(produced["producerTask"], produced["outputParameterKey"])])
     return resolved
 
 

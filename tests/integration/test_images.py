@@ -78,10 +78,13 @@ def test_the_component_image_serves_the_samples_builtins_and_names_the_trainer_i
     assert done.returncode == 0, done.stdout
     assert {p.name for p in (out / "tiny-char-lm").iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json"}
     assert (out / "instruct-sums" / "data" / "train.parquet").is_file()
-    missing = images.run_in(component.image, ["python", "-m", "kfp_trainer.trainers.builtin", "builtin://models/tiny-qwen2.5", "/tmp/q"])
+    qwen = images.run_in(component.image, ["python", "-m", "kfp_trainer.trainers.builtin", "builtin://models/tiny-qwen2.5", "/tmp/q"])
+    assert qwen.returncode == 0, qwen.stdout  # llm_finetune_torchtune's default model: prebuilt
+    builtin = ["python", "-m", "kfp_trainer.trainers.builtin"]
+    missing = images.run_in(component.image, [*builtin, "builtin://models/tiny-llama3.2-1b", "/tmp/l"])
     assert missing.returncode == 2
-    assert "tiny-qwen2.5: writing it needs the package" in missing.stdout and "kfp-trainer-trainer" in missing.stdout, missing.stdout
-    assert "builtin://models/tiny-char-lm" in missing.stdout  # what it does serve
+    assert "tiny-llama3.2-1b: writing it needs the package" in missing.stdout and "kfp-trainer-trainer" in missing.stdout, missing.stdout
+    assert "builtin://models/tiny-char-lm" in missing.stdout and "builtin://models/tiny-qwen2.5" in missing.stdout  # what it does serve
 
 
 def test_the_trainer_image_imports_torch_and_the_trainers_as_uid_1000(trainer):

@@ -43,7 +43,7 @@ SA = "pipeline-runner"
 CASES = [
     ("llm_finetune", "train-job", {"accelerator_type": "nvidia.com/gpu", "accelerators_per_node": 2, "num_nodes": 2}),
     ("pytorch_distributed", "train-job", {}),
-    ("hparam_sweep", "train-job", {}),
+    ("hparam_sweep", "train-job", {"cpu_per_node": "500m", "memory_per_node": "1Gi"}),  # sized for a small cluster
 ]
 
 
@@ -168,7 +168,12 @@ def test_training_step_creates_a_trainjob_with_the_workspace_the_secrets_by_refe
     run_id, run_name = str(uuid.uuid4()), f"{pipeline.replace('_', '-')}-{uuid.uuid4().hex[:5]}"
     context = {"{{$.pipeline_job_uuid}}": run_id, "{{$.pipeline_task_name}}": task, "{{$.pipeline_task_uuid}}": "4711",
                "{{$.pipeline_job_name}}": run_name}
-    inputs = kfp_driver.task_inputs(spec, task, parameters, context)
+    upstream = {}
+    if pipeline == "hparam_sweep":  # the loop's train steps take their resources from a step before the loop
+        upstream[("node-resources", "Output")] = module.node_resources.python_func(
+            cpu_per_node=parameters["cpu_per_node"], memory_per_node=parameters["memory_per_node"]
+        )
+    inputs = kfp_driver.task_inputs(spec, task, parameters, context, outputs=upstream)
     config = kfp_driver.task_config(spec, platform, task, inputs, params=parameters, run_name=run_name)
     assert inputs["workspace_path"] == kfp_driver.WORKSPACE_MOUNT  # so the driver mounts the workspace
     # the step runs on this machine: the workspace is a local folder, in the inputs and in the TaskConfig alike
@@ -197,10 +202,7 @@ def test_training_step_creates_a_trainjob_with_the_workspace_the_secrets_by_refe
 
     # the resources set on the task (set_cpu_limit, set_memory_limit, set_accelerator_*), per node
     limits = trainer["resourcesPerNode"]["limits"]
-    if pipeline == "hparam_sweep":
-        assert limits == {"cpu": module.CPU_PER_NODE, "memory": module.MEMORY_PER_NODE}
-    else:
-        assert limits["cpu"] == parameters["cpu_per_node"] and limits["memory"] == parameters["memory_per_node"]
+    assert limits["cpu"] == parameters["cpu_per_node"] and limits["memory"] == parameters["memory_per_node"]
     if parameters.get("accelerator_type"):
         assert limits[parameters["accelerator_type"]] == str(parameters["accelerators_per_node"])
         assert trainer["numNodes"] == parameters["num_nodes"]

@@ -65,6 +65,7 @@ def test_dockerfile_builds_a_wheel_then_a_pinned_non_root_image(path):
     assert "ADD" not in kinds, f"{path.name}: COPY, not ADD"
     copied_from = {("--from=build",): {("/src/requirements.txt", "/tmp/requirements.txt"), ("/wheels", "/wheels"),
                                        ("/src/requirements-local.txt", "/tmp/requirements.txt"),
+                                       ("/src/requirements-llm.txt", "/tmp/requirements-llm.txt"),
                                        ("/src/constraints.txt", "/tmp/constraints.txt")},
                    ("--from=builtins",): {("/builtins", "/opt/kfp-trainer/builtins")}}
     for c in (c for stage in parts for c in stage if c.cmd.upper() == "COPY"):
@@ -103,9 +104,10 @@ def test_the_component_builtins_stage_repeats_the_trainer_dependency_steps_so_th
         end = next(i for i, c in enumerate(stage) if c.cmd.upper() == "COPY" and c.value[0] == upto)
         return [(c.cmd.upper(), c.flags, c.value) for c in stage[1:end]]
 
-    shared = steps(builtins, "/wheels")
-    assert shared == [s if s[2] != ("/src/requirements.txt", "/tmp/requirements.txt") else
-                      (s[0], s[1], ("/src/requirements-local.txt", "/tmp/requirements.txt")) for s in steps(trainer_image, "/wheels")]
+    trainer_steps = [s if s[2] != ("/src/requirements.txt", "/tmp/requirements.txt") else
+                     (s[0], s[1], ("/src/requirements-local.txt", "/tmp/requirements.txt")) for s in steps(trainer_image, "/wheels")]
+    shared = steps(builtins, "/wheels")[: len(trainer_steps)]  # then the builtins' own (torchtune), before the wheel
+    assert shared == trainer_steps
     assert builtins[0].value[0] == stages(REPO / "deploy" / "Dockerfile.trainer")[0]["BASE"]
     assert sum(1 for s in shared if s[0] == "RUN") == 3
     # and the two lists of requirements are written by the same program
@@ -168,3 +170,22 @@ def test_component_image_recipe_installs_the_wheel_in_a_clean_virtualenv_without
     cli = subprocess.run([str(venv / "bin" / "kfp-trainer"), "render", "--runtime", "torch-distributed", "--run-id", "r1",
                           "--task-name", "t"], capture_output=True, text=True, env=env, timeout=120)
     assert cli.returncode == 0 and "kind: TrainJob" in cli.stdout, cli.stderr
+
+
+def test_every_samples_default_builtin_is_prebuilt_in_the_component_image():
+    # the initializer steps run in the component image, which has no torch: a builtin default that is not
+    # prebuilt there fails the sample on every cluster (tests/integration/test_images.py serves them for real)
+    import ast
+
+    prebuilt = set()
+    for c in (c for stage in stages(REPO / "deploy" / "Dockerfile.component")[1] for c in stage if c.cmd.upper() == "RUN"):
+        if "--prebuild" in c.value[0]:
+            prebuilt |= set(re.findall(r"builtin://[\w./-]+", c.value[0].split("--prebuild", 1)[1]))
+    defaults = {}
+    for path in sorted((REPO / "pipelines").glob("*/pipeline.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"builtin://[\w./-]+", node.value):
+                defaults.setdefault(node.value, []).append(path.parent.name)
+    assert "builtin://models/tiny-qwen2.5" in defaults and len(defaults) >= 4, defaults
+    missing = {uri: samples for uri, samples in defaults.items() if uri not in prebuilt}
+    assert missing == {}, f"sample defaults the component image does not prebuild: {missing}"

@@ -194,6 +194,10 @@ class KubeJob(JobHandle):
         self.release()
         return delete_job(self.lifecycle, self.ref, wait=wait)
 
+    def request_delete(self) -> None:
+        """Send the TrainJob's deletion (background propagation) and return; :meth:`delete` waits for it."""
+        self.lifecycle.request_delete(self.ref)
+
     def release(self) -> None:
         """Stop the watches kept for the job (pods, events)."""
         with self._lock:

@@ -337,6 +337,20 @@ class Lifecycle:
             What is still there when waiting ended (empty when everything is gone).
         """
         deadline = time.monotonic() + wait
+        if not self.request_delete(ref):
+            return []
+        return self._wait_tree(ref, deadline, tree=tree, stop=stop)
+
+    def request_delete(self, ref: JobRef) -> bool:
+        """Send the TrainJob's deletion (background propagation: no finalizer holds it); do not wait for it.
+
+        Once the API server has taken it, the garbage collector removes the JobSet, Jobs and pods
+        whatever becomes of this process. Safe from any thread.
+
+        Returns:
+            False when another object has the name now (``ref``'s uid is gone); True otherwise,
+            also when the job was gone already.
+        """
         try:
             call(
                 self.api.request,
@@ -350,8 +364,8 @@ class Lifecycle:
         except NotFound:
             pass
         except Conflict:  # the precondition failed: another object has the name now, ours is gone
-            return []
-        return self._wait_tree(ref, deadline, tree=tree, stop=stop)
+            return False
+        return True
 
     def _wait_tree(self, ref: JobRef, deadline: float, *, tree: bool, stop: Stop | None = None) -> list[Leftover]:
         ns, name = ref.namespace, ref.name
