@@ -127,6 +127,7 @@ class KubernetesBackend(Backend):
         created or adopted; the backend keeps nothing of it.
         """
         namespace = manifest["metadata"].get("namespace") or self.default_namespace()
+        manifest = self.lifecycle.owned_by_run(manifest, namespace)
 
         def handle(ref: JobRef, known: TrainJob) -> KubeJob:
             return KubeJob(ref, api=self.api, lifecycle=self.lifecycle, settings=self.job_settings, runtime=runtime, known=known)

@@ -10,7 +10,15 @@ object naming itself:
   the process start time guarding against pid reuse.
 
 A retry that adopts the job rewrites the annotation, so it always names the launcher that
-follows the job now. Whether that launcher still runs is what tells a stale job of an earlier
+follows the job now.
+
+In a pod, the TrainJob is also made a dependent of the pod's controller -- for a KFP step on
+Argo, the run's Workflow -- through an owner reference (:func:`run_owner`): the backstop of a
+cancel whose deletion could not go out (the container killed first, the API server unreachable
+at that moment). Kubernetes' garbage collector then deletes the TrainJob, and everything under
+it, when the run's Workflow goes (KFP deletes it an hour after the run ended, by default). Not
+the pod itself: a step whose pod is lost is retried in a new pod of the same Workflow, which
+adopts the job. Whether that launcher still runs is what tells a stale job of an earlier
 try (replace it) from a sibling still followed by a live launcher (leave it), and what
 ``kfp-trainer gc`` calls "task gone".
 
@@ -122,3 +130,30 @@ def describe(identity: dict[str, Any] | None) -> str:
     if "pod" in identity:
         return f"pod {identity['pod']}"
     return f"process {identity.get('pid')} on {identity.get('host')}"
+
+
+def run_owner(pod: Mapping[str, Any] | None, identity: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:
+    """The owner reference a TrainJob in ``namespace`` gets from its launcher's pod, or None.
+
+    The pod's controller (a KFP step's: the run's Argo Workflow), when the pod is the one
+    ``identity`` names (same uid) and the TrainJob is in the pod's namespace: an owner in
+    another namespace counts as gone, and the garbage collector would delete the job at once.
+    ``blockOwnerDeletion`` is off: deleting the run never waits for its TrainJobs.
+
+    Example:
+        >>> pod = {"metadata": {"namespace": "kubeflow", "uid": "p1", "ownerReferences": [
+        ...     {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "run-x", "uid": "w1", "controller": True}]}}
+        >>> run_owner(pod, {"pod": "kubeflow/run-x-123", "uid": "p1"}, "kubeflow")
+        {'apiVersion': 'argoproj.io/v1alpha1', 'kind': 'Workflow', 'name': 'run-x', 'uid': 'w1', 'blockOwnerDeletion': False}
+        >>> run_owner(pod, {"pod": "kubeflow/run-x-123", "uid": "p1"}, "team-a") is None
+        True
+    """
+    meta = (pod or {}).get("metadata") or {}
+    if not meta or meta.get("namespace") != namespace:
+        return None
+    if identity.get("uid") and meta.get("uid") != identity["uid"]:
+        return None
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and all(ref.get(k) for k in ("apiVersion", "kind", "name", "uid")):
+            return {k: ref[k] for k in ("apiVersion", "kind", "name", "uid")} | {"blockOwnerDeletion": False}
+    return None

@@ -133,3 +133,38 @@ def test_a_signal_ends_a_wait_for_an_earlier_try_to_go_at_once_but_never_a_delet
             assert [o["metadata"]["name"] for o in left] == ["held"] and time.monotonic() - began >= 3
     finally:
         core.patch_namespaced_config_map("held", namespace, {"metadata": {"finalizers": None}})
+
+
+def test_a_launcher_killed_before_it_could_delete_leaves_its_job_to_the_runs_garbage_collection(cluster, api_client, namespace):
+    """The backstop of a cancel whose deletion never went out: the TrainJob is a dependent of the launcher pod's
+    controller (a KFP step's: the run's Argo Workflow; a ConfigMap stands in for it here), so Kubernetes'
+    garbage collector deletes it, and what it owns, when the run goes -- not when the pod goes: a retry's pod adopts."""
+    core = client.CoreV1Api(api_client)
+    run = core.create_namespaced_config_map(namespace, {"metadata": {"name": "workflow-stand-in"}})
+    owner_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": run.metadata.name, "uid": run.metadata.uid, "controller": True}
+    step = core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "step-pod", "ownerReferences": [owner_ref]},
+        "spec": {"nodeSelector": {"kfp-trainer.test/no-node": "x"}, "containers": [{"name": "main", "image": "kfp-trainer.test/unused"}]},
+    })  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "KFP_POD_NAME": "step-pod", "KFP_POD_UID": step.metadata.uid, "POD_NAMESPACE": namespace}
+    argv = launch_cmd(cluster, namespace, "killed-run")[:-1]  # not suspended: the Trainer controller makes its JobSet
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if "created TrainJob" in line:
+                break
+        proc.kill()  # SIGKILL: no handler runs, nothing is deleted
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    [job] = trainjobs(api_client, namespace)
+    assert job["metadata"]["ownerReferences"] == [{**{k: owner_ref[k] for k in ("apiVersion", "kind", "name", "uid")},
+                                                   "blockOwnerDeletion": False}]  # fmt: skip
+    core.delete_namespaced_pod("step-pod", namespace, grace_period_seconds=0)  # the step's pod lost: the job stays
+    time.sleep(3)
+    assert [j["metadata"]["name"] for j in trainjobs(api_client, namespace)] == [job["metadata"]["name"]]
+    core.delete_namespaced_config_map(run.metadata.name, namespace)  # the run's Workflow goes (KFP: its TTL)
+    wait_for(lambda: trainjobs(api_client, namespace) == [], timeout=60, what="the TrainJob collected with its run")
+    wait_for(lambda: not client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets")["items"], timeout=60, what="its JobSet collected")  # fmt: skip

@@ -282,6 +282,28 @@ class Lifecycle:
             return self._take_over(manifest, self.get(JobRef(namespace, name)), notes, handle, stop)
         return _made(handle, manifest, created, notes)
 
+    def owned_by_run(self, manifest: dict[str, Any], namespace: str) -> dict[str, Any]:
+        """``manifest`` owned by the run its launcher's pod belongs to (:func:`~kfp_trainer.backends.owner.run_owner`).
+
+        Unchanged outside a pod, for a job in another namespace, or when the pod cannot be read
+        (the backstop is then the step's own deletion, and ``kfp-trainer gc``).
+        """
+        identity = owner.parse(manifest)
+        if not identity or "pod" not in identity:
+            return manifest
+        pod_namespace, _, name = str(identity["pod"]).partition("/")
+        if pod_namespace != namespace:
+            return manifest
+        try:
+            found = call(self.api.request, "GET", pod(pod_namespace, name), what=f"get launcher pod {identity['pod']}", policy=self.policy)
+        except (NotFound, UserError) as e:
+            log.info("TrainJob not owned by the run: %s", e)
+            return manifest
+        ref = owner.run_owner(found, identity, namespace)
+        if ref is None:
+            return manifest
+        return {**manifest, "metadata": {**manifest["metadata"], "ownerReferences": [ref]}}
+
     def launcher_alive(self, identity: dict[str, Any] | None) -> bool | None:
         """Whether the recorded launcher still runs: True, False (gone, or none recorded), or None (cannot tell)."""
         if identity is None:
