@@ -52,8 +52,9 @@ def node_resources(cpu_per_node: str, memory_per_node: str) -> dict:
 
     KFP 2.17's compiler does not hand pipeline parameters set on a task's resources
     (``set_cpu_limit(cpu_per_node)``) into a ``ParallelFor``: the loop's iterations cannot resolve
-    them, under ``kfp.local`` and on a backend alike. An output of a step before the loop is
-    handed in like any input.
+    them, under ``kfp.local`` and on a backend alike. Parameters a step in the loop takes as
+    inputs are handed in (and ``kfp.local`` 2.17 mixes up outputs of a step before the loop
+    with the loop's items): so this runs in the loop, a moment per point.
 
     Args:
         cpu_per_node: CPU limit of each trainer node (``2``, ``500m``).
@@ -151,8 +152,8 @@ def pipeline(
 ):
     """Sweep: prepare data -> ParallelFor(grid): TrainJob -> select the best -> evaluate it."""
     data = prepare_digits(seed=seed).set_display_name("prepare data")
-    resources = node_resources(cpu_per_node=cpu_per_node, memory_per_node=memory_per_node).set_display_name("node resources")
     with dsl.ParallelFor(items=grid, parallelism=PARALLELISM, name="grid") as point:
+        resources = node_resources(cpu_per_node=cpu_per_node, memory_per_node=memory_per_node).set_display_name("node resources")
         train = train_job(
             runtime=runtime,
             image=trainer_image,

@@ -65,7 +65,7 @@ def _substitute(value: Any, values: dict[str, Any], context: dict[str, str]) -> 
 
 
 def _scope_values(spec: dict, path: list[str], params: dict[str, Any], loop_index: int,
-                  outputs: dict[tuple[str, str], Any]) -> dict[str, Any]:  # fmt: skip
+                  outputs: dict[tuple[str, str], Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """The parameters visible inside the DAGs on ``path``: pipeline parameters, upstream outputs, loop items."""
     values = {f"pipelinechannel--{k}": v for k, v in params.items()}
     values.update(params)
@@ -73,9 +73,9 @@ def _scope_values(spec: dict, path: list[str], params: dict[str, Any], loop_inde
     for name in path:
         item = dag["tasks"][name]
         for key, source in ((item.get("inputs") or {}).get("parameters") or {}).items():
-            if "taskOutputParameter" in source:  # an output of a task before the DAG, handed in
-                produced = source["taskOutputParameter"]
-                values[key] = outputs[(produced["producerTask"], produced["outputParameterKey"])]
+            produced = source.get("taskOutputParameter")
+            if produced and (produced["producerTask"], produced["outputParameterKey"]) in (outputs or {}):  # handed in from before
+                values[key] = (outputs or {})[(produced["producerTask"], produced["outputParameterKey"])]
         iterator = item.get("parameterIterator")
         if iterator:
             items = values[iterator["items"]["inputParameter"]]
@@ -91,7 +91,7 @@ def task_inputs(spec: dict, task: str, params: dict[str, Any], context: dict[str
     ``outputs``: the parameter outputs of the tasks that ran before, by (task, output name).
     """
     item, path = find_task(spec, task)
-    scope = _scope_values(spec, path, params, loop_index, outputs or {})
+    scope = _scope_values(spec, path, params, loop_index, outputs)
     given = (item.get("inputs") or {}).get("parameters") or {}
     resolved: dict[str, Any] = {}
     for name, source in given.items():  # channels first: constants may refer to them
