@@ -46,13 +46,11 @@ def _cli_flags(inputs_file: Path, options: dict[str, Any], backend: str) -> list
     return [*flags, "--local"] if backend == "local" else flags
 
 
-def executor_input(parameters: dict[str, Any], root: Path) -> dict[str, Any]:
-    """What KFP's launcher hands the ``train_job`` component: parameters, and output artifact URIs under ``root``."""
-    spec = yaml.safe_load(COMPONENT.read_text())
-    outputs = spec["components"]["comp-train-job"]["outputDefinitions"]
-    task_root = root / f"task-{uuid.uuid4().hex[:8]}"
+def executor_input(parameters: dict[str, Any], outputs: dict[str, Any], root: Path) -> dict[str, Any]:
+    """What KFP's launcher hands a component's container: ``parameters``, and URIs under ``root`` for ``outputs``
+    (the component's ``outputDefinitions``)."""
     artifacts = {
-        name: {"artifacts": [{"name": name, "type": {"schemaTitle": out["artifactType"]["schemaTitle"]}, "uri": str(task_root / name),
+        name: {"artifacts": [{"name": name, "type": {"schemaTitle": out["artifactType"]["schemaTitle"]}, "uri": str(root / name),
                               "metadata": {}}]}
         for name, out in outputs["artifacts"].items()
     }  # fmt: skip
@@ -60,8 +58,8 @@ def executor_input(parameters: dict[str, Any], root: Path) -> dict[str, Any]:
         "inputs": {"parameterValues": parameters},
         "outputs": {
             "artifacts": artifacts,
-            "parameters": {n: {"outputFile": str(task_root / n)} for n in outputs.get("parameters", {})},
-            "outputFile": str(task_root / "executor_output.json"),
+            "parameters": {n: {"outputFile": str(root / n)} for n in outputs.get("parameters", {})},
+            "outputFile": str(root / "executor_output.json"),
         },
     }
 
@@ -70,7 +68,8 @@ def component_command(parameters: dict[str, Any], root: Path) -> list[str]:
     """The compiled ``train_job`` component's command and arguments, its executor input filled in."""
     spec = yaml.safe_load(COMPONENT.read_text())
     container = spec["deploymentSpec"]["executors"]["exec-train-job"]["container"]
-    body = json.dumps(executor_input(parameters, root))
+    outputs = spec["components"]["comp-train-job"]["outputDefinitions"]
+    body = json.dumps(executor_input(parameters, outputs, root / f"task-{uuid.uuid4().hex[:8]}"))
     return [*container["command"], *(body if arg == "{{$}}" else arg for arg in container["args"])]
 
 

@@ -26,6 +26,7 @@ from kfp import compiler
 
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.errors import InvalidSpecErrors
+from tests.entry_points import executor_input
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -99,19 +100,7 @@ def _executor_input(component, params: dict, root: Path) -> dict:
     values.update({k: {"nodeSelector": {NO_NODE: "none"}} for k, d in declared.items() if d["parameterType"] == "TASK_CONFIG"})
     values.update(params)
     values = json.loads(json.dumps(values), parse_float=_protojson_number)
-    artifacts = {
-        name: {"artifacts": [{"name": name, "type": {"schemaTitle": out["artifactType"]["schemaTitle"]}, "uri": str(root / name),
-                              "metadata": {}}]}
-        for name, out in outputs["artifacts"].items()
-    }  # fmt: skip
-    return {
-        "inputs": {"parameterValues": values},
-        "outputs": {
-            "artifacts": artifacts,
-            "parameters": {n: {"outputFile": str(root / n)} for n in outputs.get("parameters", {})},
-            "outputFile": str(root / "executor_output.json"),
-        },
-    }
+    return executor_input(values, outputs, root)
 
 
 def _protojson_number(text: str) -> float | int:
