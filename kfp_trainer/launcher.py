@@ -17,8 +17,8 @@ The launcher is the same for every backend. It owns the policies a pipeline step
   signal during the create waits for its answer, then deletes what it made, and nothing
   interrupts a deletion; it exits with :class:`~kfp_trainer.errors.CancelledError`. Once the
   job exists, a thread of its own sends the deletion the moment the stop is requested, whatever
-  the flow is doing then, and the flow says so only after it went out: a KFP pod is gone about
-  2 s after the signal, and the step's output may have no reader any more. A launcher given no
+  the flow is doing then, and the flow says so only after it went out: a KFP pod is gone within
+  a second of the signal (milliseconds, at times), and the step's output may have no reader any more. A launcher given no
   token makes its own for the run (:func:`~kfp_trainer.cancel.stopping`): the Python API cancels
   the same way as the entry points;
 * deleting waits, bounded, until the job's JobSet, Jobs and pods are gone, and says what is
@@ -140,8 +140,9 @@ class EarlyDelete:
     """Sends a job's deletion the moment a stop is requested, from a thread of its own.
 
     The flow acts on a stop at its next look at the token (a heartbeat, or once a request in
-    flight returns); a KFP pod is gone about 2 s after the signal (the container's first process
-    exits soon after KFP's launcher, and takes every other one with it). So the deletion
+    flight returns); a KFP pod is gone within a second of the signal, at times milliseconds after
+    it (the container's first process notices KFP's launcher's end within a second, exits, and
+    takes every other one with it). So the deletion
     request does not wait for the flow: this thread sends it at once
     (:meth:`~kfp_trainer.backends.base.JobHandle.request_delete`: background propagation, no
     finalizer to wait for, so the cluster removes the rest even if the step is killed right

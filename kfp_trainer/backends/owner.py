@@ -10,7 +10,9 @@ object naming itself:
   the process start time guarding against pid reuse.
 
 A retry that adopts the job rewrites the annotation, so it always names the launcher that
-follows the job now.
+follows the job now. Whether that launcher still runs is what tells a stale job of an earlier
+try (replace it) from a sibling still followed by a live launcher (leave it), and what
+``kfp-trainer gc`` calls "task gone".
 
 In a pod, the TrainJob is also made a dependent of the pod's controller -- for a KFP step on
 Argo, the run's Workflow -- through an owner reference (:func:`run_owner`): the backstop of a
@@ -18,9 +20,7 @@ cancel whose deletion could not go out (the container killed first, the API serv
 at that moment). Kubernetes' garbage collector then deletes the TrainJob, and everything under
 it, when the run's Workflow goes (KFP deletes it an hour after the run ended, by default). Not
 the pod itself: a step whose pod is lost is retried in a new pod of the same Workflow, which
-adopts the job. Whether that launcher still runs is what tells a stale job of an earlier
-try (replace it) from a sibling still followed by a live launcher (leave it), and what
-``kfp-trainer gc`` calls "task gone".
+adopts the job.
 
 Example:
     >>> identity = {"host": "laptop", "pid": 1, "start": 5}
