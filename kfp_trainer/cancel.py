@@ -196,6 +196,21 @@ def _reader_gone(error: BaseException) -> bool:
     return isinstance(error, BrokenPipeError) or (isinstance(error, OSError) and error.errno in (errno.EPIPE, errno.ECONNRESET))
 
 
+def to_devnull(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at ``/dev/null``; nothing for a stream with no file (a test's capture).
+
+    What is buffered, and every later write, then goes nowhere and succeeds (at the interpreter's exit too).
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 class Guarded:
     r"""A text stream whose writes never fail for a reader that went away (see the module docstring).
 
@@ -221,14 +236,7 @@ class Guarded:
 
     def _lost(self) -> None:
         self.gone = True
-        try:  # a real file: from now on its writes (and the buffered ones) go nowhere, and succeed
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(devnull, self._stream.fileno())
-            finally:
-                os.close(devnull)
-        except (OSError, ValueError, AttributeError):  # not one (a test's capture): its errors are dropped here
-            pass
+        to_devnull(self._stream)  # not a real file (a test's capture): its errors are dropped here
         self._stop.request(READER_GONE)
 
     def write(self, text: str) -> int:

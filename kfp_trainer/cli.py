@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -316,12 +315,9 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
 
 def reader_gone() -> int:
     """The reader of stdout went away: say nothing more to it (no traceback) and end with :data:`EXIT_READER_GONE`."""
-    try:  # what is still buffered would fail again at exit: stdout goes to /dev/null from here on
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):  # not a real file (a test's capture)
-        pass
+    from .cancel import to_devnull
+
+    to_devnull(sys.stdout)  # what is still buffered would fail again at exit
     return EXIT_READER_GONE
 
 

@@ -291,11 +291,10 @@ class Lifecycle:
         identity = owner.parse(manifest)
         if not identity or "pod" not in identity:
             return manifest
-        pod_namespace, _, name = str(identity["pod"]).partition("/")
-        if pod_namespace != namespace:
+        if str(identity["pod"]).partition("/")[0] != namespace:
             return manifest
         try:
-            found = call(self.api.request, "GET", pod(pod_namespace, name), what=f"get launcher pod {identity['pod']}", policy=self.policy)
+            found = self._launcher_pod(identity)
         except (NotFound, UserError) as e:
             log.info("TrainJob not owned by the run: %s", e)
             return manifest
@@ -304,14 +303,20 @@ class Lifecycle:
             return manifest
         return {**manifest, "metadata": {**manifest["metadata"], "ownerReferences": [ref]}}
 
+    def _launcher_pod(self, identity: dict[str, Any]) -> dict[str, Any]:
+        """The pod a launcher identity names (``namespace/name``), as stored; NotFound or UserError when it cannot be read."""
+        namespace, _, name = str(identity["pod"]).partition("/")
+        found: dict[str, Any] = call(self.api.request, "GET", pod(namespace, name), what=f"get launcher pod {identity['pod']}",
+                                     policy=self.policy)  # fmt: skip
+        return found
+
     def launcher_alive(self, identity: dict[str, Any] | None) -> bool | None:
         """Whether the recorded launcher still runs: True, False (gone, or none recorded), or None (cannot tell)."""
         if identity is None:
             return False
         if "pod" in identity:
-            namespace, _, name = str(identity["pod"]).partition("/")
             try:
-                found = call(self.api.request, "GET", pod(namespace, name), what=f"get launcher pod {identity['pod']}", policy=self.policy)
+                found = self._launcher_pod(identity)
             except NotFound:
                 return False
             except UserError:
