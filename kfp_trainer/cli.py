@@ -160,7 +160,8 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
     stop: Stop = getattr(ns, "stop", None) or Stop()  # run_command's: a stop signal from the first instruction on
     inputs = inputs_from_args(ns)
-    check_launch_options(start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, queue_timeout=ns.queue_timeout, logs=ns.logs)
+    check_launch_options(start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, queue_timeout=ns.queue_timeout, logs=ns.logs,
+                         metric_names=ns.metric_names)  # fmt: skip
     # every check the inputs alone can fail is made before a connection: bad input is exit 2 even with no cluster
     check_inputs(inputs, local=ns.local, api_version=None if ns.api_version == "auto" else ns.api_version)
     if ns.local:
@@ -174,7 +175,7 @@ def cmd_launch(ns: argparse.Namespace) -> int:
         backend = KubernetesBackend.from_config(ns.kubeconfig, fail_fast=True, api_version=ns.api_version, stop=stop)
     options = LaunchOptions(
         start_timeout=ns.start_timeout, run_timeout=ns.run_timeout, queue_timeout=ns.queue_timeout, logs=ns.logs,
-        delete_after_success=ns.delete_after_success,
+        delete_after_success=ns.delete_after_success, metric_names=ns.metric_names,
     )
     outcome = Launcher(backend, options, stop=stop).run(prepare(backend, inputs, stop=stop))
     summary = {"trainjob": str(outcome.ref), "phase": outcome.phase.value, "metrics": outcome.metrics.final(), "seconds": outcome.times}
@@ -221,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds the job may wait suspended in its queue (Kueue); 0: no limit")  # fmt: skip
     launch.add_argument("--logs", default="0", metavar="WHICH", help="trainer node whose log is streamed (0, 1, ...), all, or none")
     launch.add_argument("--delete-after-success", action="store_true", help="delete the TrainJob once it succeeded")
+    launch.add_argument(
+        "--metrics", "--metric-names", dest="metric_names", default="", metavar="NAMES",
+        help="metrics to keep: comma-separated names and re:REGEX patterns that the whole name must match (loss,re:eval_.*); "
+        "a name listed is read from library log lines too; every metric in lines that are not library log lines when unset",
+    )  # fmt: skip
     launch.add_argument("-o", "--output", default="json", choices=["json", "yaml"],
                         help="format of the summary printed at the end (json: one line)")  # fmt: skip
     launch.set_defaults(func=cmd_launch, stoppable=True)  # run_command makes its stop token

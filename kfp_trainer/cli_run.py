@@ -66,6 +66,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     import os
     import tempfile
     import time
+    import warnings
     from pathlib import Path
 
     if not ns.local:
@@ -91,8 +92,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "artifacts"), workspace_root=str(workspace))
     started = time.monotonic()
     print(f"[kfp-trainer] running pipeline {pipeline.name} locally; outputs in {out}", flush=True)
-    if not run_reporting_failure(pipeline, params, out):
-        return EXIT_JOB_FAILED
+    print("[kfp-trainer] each step runs in this Python environment: the steps' images and resource limits do not apply locally",
+          flush=True)  # fmt: skip
+    with warnings.catch_warnings():
+        # kfp.local says the same for every step of every local run (the note above, once): its two warnings
+        # would be the only warnings of a healthy run, and a user learns to skip warnings that way.
+        warnings.filterwarnings("ignore", r"Task '.*': settings \[.*\] have no effect in the current local runner", UserWarning)
+        warnings.filterwarnings("ignore", "You may be attemping to run a task that uses custom or non-Python base image", RuntimeWarning)
+        if not run_reporting_failure(pipeline, params, out):
+            return EXIT_JOB_FAILED
     print(f"[kfp-trainer] pipeline {pipeline.name} finished in {time.monotonic() - started:.0f}s", flush=True)
     outputs = task_outputs(out / "artifacts")
     print(summarize_outputs(outputs, getattr(module, "TASK_LABELS", None)))

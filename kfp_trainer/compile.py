@@ -86,6 +86,47 @@ def set_storage_class(text: str, storage_class: str) -> str:
     return header + yaml.dump_all(docs, sort_keys=True) if changed else text
 
 
+def task_details_readable(text: str) -> str:
+    r"""Compiled pipeline YAML whose Task Details KFP's UI can open: an empty ``deploymentSpec`` beside a workspace.
+
+    KFP's compiler writes ``platforms.kubernetes.deploymentSpec`` only when a task has
+    Kubernetes settings of its own (kfp-kubernetes). A pipeline with a workspace and no such
+    task has a ``platforms.kubernetes`` section with ``pipelineConfig`` alone, and KFP 2.17's UI
+    replaces the whole run page with "Something went wrong" when a user opens a task's Task
+    Details tab: it decodes ``deploymentSpec`` to list the task's volume mounts, without
+    checking that there is one. ``deploymentSpec: {}`` (no executor with settings) is what a
+    missing one means to the backend (its compiler looks up executors only in a section that
+    has them), and the UI then shows no volume mounts instead of failing. Text without such a
+    section is returned unchanged; the re-dump is the compiler's own (keys sorted).
+
+    Example:
+        >>> print(task_details_readable("a: 1\n---\nplatforms:\n  kubernetes:\n    pipelineConfig:\n      workspace:\n        size: 2Gi\n"))
+        a: 1
+        ---
+        platforms:
+          kubernetes:
+            deploymentSpec: {}
+            pipelineConfig:
+              workspace:
+                size: 2Gi
+        <BLANKLINE>
+    """
+    import yaml
+
+    docs = list(yaml.safe_load_all(text))
+    changed = False
+    for doc in docs[1:]:
+        kubernetes = ((doc or {}).get("platforms") or {}).get("kubernetes")
+        if isinstance(kubernetes, dict) and "deploymentSpec" not in kubernetes:
+            kubernetes["deploymentSpec"] = {}
+            changed = True
+    if not changed:
+        return text
+    lines = text.splitlines(keepends=True)
+    header = "".join(line for line in lines[: next((i for i, line in enumerate(lines) if not line.startswith("#")), 0)])
+    return header + yaml.dump_all(docs, sort_keys=True)
+
+
 def _pipeline_modules(root: Path = REPO) -> dict[Path, ModuleType]:
     """``pipelines/<name>/pipeline.py`` modules, imported once, by folder."""
     out = {}
@@ -218,7 +259,7 @@ def generate(
     files[root / trl_runtime.DEPLOY_FILE] = trl_runtime.trl_runtime_yaml(comps.TRAINER_IMAGE)
     source = root if (root / "pipelines").is_dir() else REPO
     for folder, module in (_pipeline_modules(source) if pipelines else {}).items():
-        text = _compile_to_text(module.pipeline)
+        text = task_details_readable(_compile_to_text(module.pipeline))
         files[root / "pipelines" / folder.name / "pipeline.yaml"] = set_storage_class(text, storage_class) if storage_class else text
     swaps = image_swaps(base_image, trainer_image)
     return {path: _swap(text, swaps) for path, text in files.items()}

@@ -52,3 +52,24 @@ class JobStatus:
     reason: str = ""
     message: str = ""
     raw: TrainJobStatus = field(default_factory=lambda: TrainJobStatus())  # the object's status, as stored
+
+
+def following(previous: Phase | None, status: JobStatus) -> JobStatus:
+    """``status`` as it reads after a status of phase ``previous``: a running job never goes back to Pending.
+
+    JobSet counts a replicated job's Jobs, and a trainer Job runs all the nodes: once its pods
+    have ended, and until the Job and then the JobSet say Complete, no Job of the trainer is
+    ready, succeeded or failed, and the stored TrainJob reads as Pending (the same holds while
+    JobSet re-makes the pods of a restart). The trainer has not gone back to waiting for its
+    start: the job still runs. Only a suspension (a Kueue preemption) ends a run before its end,
+    and after one the job does wait to start again, so a Pending after Suspended stays Pending.
+
+    Example:
+        >>> following(Phase.RUNNING, JobStatus(Phase.PENDING)).phase
+        <Phase.RUNNING: 'Running'>
+        >>> following(Phase.SUSPENDED, JobStatus(Phase.PENDING)).phase
+        <Phase.PENDING: 'Pending'>
+    """
+    if status.phase is Phase.PENDING and previous is Phase.RUNNING:
+        return JobStatus(Phase.RUNNING, status.reason, status.message, status.raw)
+    return status

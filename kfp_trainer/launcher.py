@@ -53,7 +53,7 @@ from .backends.base import Backend, Blocker, JobHandle, Submission
 from .backends.deletion import RETRY
 from .cancel import Stop, stopping
 from .errors import CancelledError, CannotStartError, InfraError, JobFailedError, TimeLimitError
-from .jobstatus import JobRef, JobStatus, Phase
+from .jobstatus import JobRef, JobStatus, Phase, following
 from .kube_types import TrainJobStatus
 from .metrics import MetricSeries, from_trainer_status
 from .prepare import PreparedJob
@@ -79,6 +79,12 @@ class LaunchOptions:
     delete_after_success: bool = False
     log_drain_timeout: float = 30.0
     delete_timeout: float = 30.0  # how long to wait for a deleted job's JobSet, Jobs and pods to go
+    metric_names: str = ""  # the metrics to keep (kfp_trainer.metrics.MetricFilter): names, re:REGEX; "" every one
+
+    def __post_init__(self) -> None:
+        from .spec import check_launch_options
+
+        check_launch_options(metric_names=self.metric_names)  # a bad pattern fails here, before anything is created
 
 
 @dataclass
@@ -102,11 +108,19 @@ class Outcome:
     queue: str = ""  # the Kueue LocalQueue the job was submitted to
     preemptions: int = 0  # times it was suspended again after it ran (Kueue preempted or evicted it)
     progress: list[dict[str, Any]] = field(default_factory=list)  # trainerStatus history (:mod:`kfp_trainer.trainer_status`)
+    # Pods in each Job of each replicated job ({"node": 2}): JobSet's status counts Jobs, a user counts nodes.
+    pods_per_job: dict[str, int] = field(default_factory=dict)
 
     @property
     def succeeded(self) -> bool:
         """True when the TrainJob completed."""
         return self.phase is Phase.SUCCEEDED
+
+
+def _on_nodes(pods_per_job: dict[str, int]) -> str:
+    """`` on 2 nodes``: how many nodes the trainer ran on (JobSet's status says 1 Job), or "" when not known."""
+    nodes = pods_per_job.get("node")
+    return f" on {nodes} node{'s' if nodes != 1 else ''}" if nodes else ""
 
 
 @dataclass
@@ -256,6 +270,8 @@ class Launcher:
                 replaced=submission.replaced,
                 runtime=job.runtime_name,
                 api_version=job.api_version,
+                pods_per_job=dict(job.runtime.replicated_jobs),
+                metrics=MetricSeries(keep=self.options.metric_names),
             )
             self._announce(submission, handle, outcome)
             self._follow(outcome, handle)
@@ -367,6 +383,7 @@ class Launcher:
 
     def _observe(self, outcome: Outcome, follow: _Follow, status: JobStatus, now: float) -> bool:
         """Take in one status; True when the job has finished."""
+        status = following(follow.last_phase, status)
         outcome.status = status.raw
         line = follow.progress.observe(status.raw, now - follow.begin)
         if line:
@@ -406,7 +423,7 @@ class Launcher:
         if outcome.phase is Phase.SUCCEEDED:
             spent = outcome.times
             self.say(
-                f"TrainJob {outcome.ref} completed ({outcome.reason or 'Complete'}): "
+                f"TrainJob {outcome.ref} completed{_on_nodes(outcome.pods_per_job)} ({outcome.reason or 'Complete'}): "
                 f"queued {duration(spent['queued'])}, starting {duration(spent['starting'])}, running {duration(spent['running'])}"
                 + (f", preempted {outcome.preemptions}x: {duration(spent[PREEMPTED])} suspended" if PREEMPTED in spent else "")
             )

@@ -86,16 +86,26 @@ def _series_xy(points: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[float, f
     return [(float(i), float(p["value"])) for i, p in enumerate(rows)], "point"
 
 
-def svg_chart(name: str, points: Iterable[Mapping[str, Any]], *, width: int = 360, height: int = 200) -> str:
-    """An inline SVG line chart of one metric (x: step, epoch, seconds or point index)."""
+def svg_chart(name: str, points: Iterable[Mapping[str, Any]], *, width: int = 360, height: int = 200, title: bool = True) -> str:
+    """An inline SVG line chart of one metric (x: step, epoch, seconds or point index).
+
+    ``width`` x ``height`` is its natural size; its viewBox lets a narrower page scale it down
+    (the report's CSS: ``max-width:100%; height:auto``). ``title=False`` leaves the metric's
+    name out (the report puts it above the chart, where a long name wraps instead of being cut off).
+
+    Example:
+        >>> 'viewBox="0 0 360 200"' in svg_chart("loss", [{"step": 1, "value": 2.0}, {"step": 2, "value": 1.0}])
+        True
+    """
     xy, xlabel = _series_xy(points)
     xy = downsample(xy)
-    left, right, top, bottom = 60, 10, 20, 28
+    left, right, top, bottom = 60, 10, 20 if title else 10, 28
     w, h = width - left - right, height - top - bottom
-    title = f'<text x="{left}" y="13" style="font-size:12px;fill:#202124;font-weight:600">{escape(name, 80)}</text>'
+    heading = f'<text x="{left}" y="13" style="font-size:12px;fill:#202124;font-weight:600">{escape(name, 80)}</text>' if title else ""
     if not xy:
         empty = f'<text x="{left}" y="{top + 20}">no values</text>'
-        return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{title}{empty}</svg>'
+        size = f'width="{width}" height="{height}" viewBox="0 0 {width} {height}"'
+        return f'<svg xmlns="http://www.w3.org/2000/svg" {size}>{heading}{empty}</svg>'
     xs, ys = [p[0] for p in xy], [p[1] for p in xy]
     x0, x1 = min(xs), max(xs)
     y0, y1 = min(ys), max(ys)
@@ -113,8 +123,9 @@ def svg_chart(name: str, points: Iterable[Mapping[str, Any]], *, width: int = 36
 
     coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in xy)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{escape(name, 80)}">',
-        title,
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(name, 80)}">',
+        heading,
         f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#dadce0"/>',
         f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{_axis(y1)}</text>',
         f'<text x="{left - 4}" y="{top + h}" text-anchor="end">{_axis(y0)}</text>',

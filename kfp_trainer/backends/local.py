@@ -260,7 +260,7 @@ class LocalBackend(Backend):
             obj,
             pids=pids,
             processes=[ProcessId.of(pid).to_json() for pid in pids],
-            jobsStatus=[{"name": "node", "active": nodes, "ready": nodes, "succeeded": 0, "failed": 0}],
+            jobsStatus=[{"name": "node", "active": 1, "ready": 1, "succeeded": 0, "failed": 0}],  # JobSet's count: one Job runs the nodes
         )
         return True
 
@@ -272,7 +272,7 @@ class LocalBackend(Backend):
         stopped ones are listed (``stoppedNodes``).
         """
         failed = {n: c for n, c in codes.items() if c != 0}
-        jobs_status = [{"name": "node", "active": 0, "ready": 0, "succeeded": len(codes) - len(failed), "failed": len(failed)}]
+        jobs_status = [{"name": "node", "active": 0, "ready": 0, "succeeded": 0 if failed else 1, "failed": 1 if failed else 0}]
         first = min((n for n in failed if n not in stopped), default=min(failed, default=None))
         ended = {"failedNode": str(first), "stoppedNodes": sorted(map(str, stopped))} if first is not None else {}
         self._set_status(job, obj, jobsStatus=jobs_status, exitCodes={str(n): c for n, c in codes.items()}, **ended)

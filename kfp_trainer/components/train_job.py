@@ -83,6 +83,7 @@ def train_job(
     run_timeout: float = 0.0,
     logs: str = "0",
     delete_after_success: bool = False,
+    metric_names: str = "",
     mlflow_tracking_uri: Optional[str] = None,
     mlflow_experiment: Optional[str] = None,
     task_config: dsl.TaskConfig = None,
@@ -163,6 +164,7 @@ def train_job(
         run_timeout: Seconds the trainer may run once started; 0 means no limit.
         logs: Trainer node whose log is streamed (0, 1, ...), all, or none.
         delete_after_success: Delete the TrainJob after it succeeded and its model was copied.
+        metric_names: Metrics to keep: names and re:REGEX patterns, comma-separated (loss,re:eval_.*); empty: all the trainer printed.
         mlflow_tracking_uri: MLflow server to track the training in (the trainer logs into the step's run); MLFLOW_TRACKING_URI of the
             task (KFP's MLflow plugin) when unset. Tracking never fails the step.
         mlflow_experiment: MLflow experiment of the step's own run (else the task's MLflow run, or experiment kfp-trainer).

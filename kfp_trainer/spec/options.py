@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from ..errors import InvalidSpecErrors, ValidationError
+from ..metrics import metric_filter_problem
 from . import rules
 
 BACKENDS = ("auto", "kubernetes", "local")
@@ -36,6 +37,7 @@ def check_launch_options(
     backend: Any = "auto",
     workspace_path: Any = "",
     delete_after_success: Any = False,
+    metric_names: Any = "",
 ) -> None:
     """Raise :class:`InvalidSpecErrors` naming every launcher option that is not usable.
 
@@ -47,6 +49,8 @@ def check_launch_options(
         backend: ``auto``, ``kubernetes`` or ``local``.
         workspace_path: ``""`` or the absolute path of the pipeline workspace (no ``..``).
         delete_after_success: A boolean.
+        metric_names: The metrics to keep: comma-separated names and ``re:REGEX`` patterns
+            (:class:`~kfp_trainer.metrics.MetricFilter`); ``""`` or None: every one.
     """
     errors: list[ValidationError] = []
     for field, value in (("start_timeout", start_timeout), ("run_timeout", run_timeout), ("queue_timeout", queue_timeout)):
@@ -60,5 +64,8 @@ def check_launch_options(
         errors += rules.check_local_path("workspace_path", workspace_path, absolute=True)
     if not isinstance(delete_after_success, bool):
         errors.append(ValidationError("delete_after_success", delete_after_success, "true or false"))
+    problem = metric_filter_problem(metric_names)
+    if problem:
+        errors.append(ValidationError("metric_names", metric_names, problem))
     if errors:
         raise InvalidSpecErrors(errors)

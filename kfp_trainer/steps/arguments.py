@@ -21,7 +21,9 @@ from .step_types import StepArtifacts, StepOptions
 # Integer inputs that mean "unset" at these values (kfp.local cannot hand None to an int input).
 _UNSET = {"num_nodes": 0, "active_deadline_seconds": 0, "termination_grace_period_seconds": -1}
 #: The ``train_job`` component's inputs that are the launcher's own options, not TrainJob inputs.
-LAUNCH_OPTIONS = ("backend", "workspace_path", "start_timeout", "queue_timeout", "run_timeout", "logs", "delete_after_success")
+LAUNCH_OPTIONS = (
+    "backend", "workspace_path", "start_timeout", "queue_timeout", "run_timeout", "logs", "delete_after_success", "metric_names",
+)  # fmt: skip
 #: The inputs that say where the step tracks its training (:mod:`kfp_trainer.tracking`).
 TRACKING_OPTIONS = ("mlflow_tracking_uri", "mlflow_experiment")
 _NOT_TRAINJOB = {"output_model", "metrics", "report", "trainjob", "dataset", "model", "task_config", *LAUNCH_OPTIONS, *TRACKING_OPTIONS}

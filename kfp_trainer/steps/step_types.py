@@ -60,6 +60,7 @@ class StepOptions:
     queue_timeout: float = 0.0
     logs: str = "0"  # trainer node whose log is streamed, "all" or "none"
     delete_after_success: bool = False
+    metric_names: str = ""  # the metrics to keep (kfp_trainer.metrics.MetricFilter); "" every one
     task_config: Any = None  # the task's dsl.TaskConfig (empty under kfp.local)
     mlflow_tracking_uri: str | None = None  # where the step tracks its training (kfp_trainer.tracking); None: MLFLOW_TRACKING_URI
     mlflow_experiment: str | None = None  # the experiment of the step's own MLflow run

@@ -166,20 +166,20 @@ def identify(inputs: Mapping[str, Any], *, output_uri: str) -> dict[str, Any]:
 
 
 def launch_options(options: StepOptions, workspace_path: str) -> LaunchOptions:
-    """The launcher's options, checked (time limits, logs, backend, workspace path)."""
+    """The launcher's options, checked (time limits, logs, backend, workspace path, metric names)."""
     from ..launcher import LaunchOptions
     from ..spec import check_launch_options
 
     check_launch_options(
         backend=options.backend or "auto", workspace_path=workspace_path, start_timeout=options.start_timeout,
         run_timeout=options.run_timeout, queue_timeout=options.queue_timeout, logs=options.logs,
-        delete_after_success=options.delete_after_success,
+        delete_after_success=options.delete_after_success, metric_names=options.metric_names,
     )  # fmt: skip
     return LaunchOptions(
         start_timeout=float(options.start_timeout or 0), run_timeout=float(options.run_timeout or 0),
         queue_timeout=float(options.queue_timeout or 0), logs=str(options.logs or "0"),
         # the model lives on the shared volume or in the artifact, not in the TrainJob: safe to delete
-        delete_after_success=bool(options.delete_after_success),
+        delete_after_success=bool(options.delete_after_success), metric_names=options.metric_names or "",
     )  # fmt: skip
 
 

@@ -183,7 +183,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             loss = functional.cross_entropy(ddp(x_train[batch]), y_train[batch])
             loss.backward()
             optimizer.step()
-            total += torch.tensor([float(loss) * len(batch), len(batch)])
+            total += torch.tensor([loss.item() * len(batch), len(batch)])  # item(): a number, not a graph node (float() warns)
             count += 1
         if distributed:
             dist.all_reduce(total)

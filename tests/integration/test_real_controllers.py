@@ -57,6 +57,12 @@ def test_launcher_trainjob_runs_through_the_real_controllers_to_kwok_pods_and_ba
     # The launcher's verdict and the relayed log, line for line.
     assert outcome.succeeded and outcome.reason == "AllJobsCompleted"
     assert relayed(out) == lines
+    # Its phases never go backwards: the pods end before the JobSet says Complete, which is no return to Pending.
+    told = [line for line in out.splitlines() if line.endswith(("waiting for the trainer to start", "trainer is running"))]
+    assert [line.rsplit(" ", 1)[-1] for line in told] in (["start", "running"], ["running"], ["start"]), out
+    phases = [event.split(" (")[0] for _, event in outcome.timeline if event.split(" (")[0] in ("Pending", "Running", "Succeeded")]
+    assert phases in (["Pending", "Running", "Succeeded"], ["Running", "Succeeded"], ["Pending", "Succeeded"]), outcome.timeline
+    assert "completed on 2 nodes (AllJobsCompleted)" in out, out
     name = outcome.ref.name
     tj = get_trainjob(api_client, namespace, name)
     # The JobSet: made by the Trainer controller (server-side apply as "trainer"), owned by the TrainJob.

@@ -20,6 +20,8 @@ from realpods import on_real_node, wait_phase
 from test_rbac import SA, apply_rbac
 from testcluster import realnode
 
+from tests.our_warnings import ours
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack" / "k8s"))
 
@@ -140,17 +142,31 @@ def test_the_train_job_step_runs_in_a_component_image_pod_and_its_trainjob_runs_
     assert jobs == []
 
 
-def test_the_digits_classifier_trains_on_two_real_trainer_nodes(cluster, api_client, namespace, real_node, image_refs, launcher_account):
+def test_the_digits_classifier_trains_on_two_real_trainer_nodes(cluster, api_client, namespace, real_node, image_refs, launcher_account,
+                                                                 tmp_path):
     core = client.CoreV1Api(api_client)
     command = ("python -m kfp_trainer.trainers.digits prepare --output-dir /tmp/digits && "
                "torchrun -m kfp_trainer.trainers.digits train --dataset-dir /tmp/digits --output-dir /tmp/model --epochs 8")
     params = step_params(namespace, image_refs["trainer"], num_nodes=2, num_proc_per_node="1", command=["sh", "-c", command])
+    outputs = tmp_path / "outputs"
+    outputs.mkdir(mode=0o777)
+    outputs.chmod(0o777)  # the step runs as UID 1000
     log = run_step_pod(cluster, core, namespace, "digits-step", image_refs["component"], component_container("train_job"),
-                       params, launcher_account)
+                       params, launcher_account, host_outputs=outputs)
     epochs = [json.loads(line[line.index("{"):]) for line in log.splitlines() if '"val_accuracy"' in line]
     assert [e["epoch"] for e in epochs] == list(range(1, 9)), log[-3000:]
     assert epochs[-1]["val_accuracy"] > 0.8 and epochs[-1]["loss"] < epochs[0]["loss"]
     assert len(trainer_pod_events(core, namespace, image_refs["trainer"])) == 2  # both nodes ran the trainer image
+    # What the user sees of it in KFP: the step's log, its metrics and its report.
+    assert ours(log) == [], "a warning of ours in the step's log"
+    told = [line for line in log.splitlines() if line.endswith(("waiting for the trainer to start", "trainer is running"))]
+    assert [line.rsplit(" ", 1)[-1] for line in told] in (["start", "running"], ["running"]), log[-3000:]  # never backwards
+    assert "completed on 2 nodes (AllJobsCompleted)" in log, log[-3000:]
+    (metrics,) = json.loads((outputs / "executor_output.json").read_text())["artifacts"]["metrics"]["artifacts"]
+    names = {name.removeprefix("best_") for name in metrics["metadata"] if not name.endswith("_seconds")}
+    assert names == {"loss", "val_loss", "val_accuracy"}, metrics  # what the trainer printed, and no library line's pairs
+    report = (outputs / "report").read_text()
+    assert "Pending" not in report.split("trainer started", 1)[1], "the report's timeline went back to Pending"
 
 
 def test_a_trainjob_component_function_runs_in_real_trainer_pods(cluster, api_client, namespace, real_node, image_refs,

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from kfp_trainer.cli import task_outputs
+from tests.our_warnings import SHOW_ALL, ours
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).with_name("kfp-trainer")
@@ -33,9 +34,10 @@ def run_pipeline(name: str, out: Path, **params: object) -> dict[str, dict]:
     args = [str(CLI), "run", str(REPO / "pipelines" / name), "--local", "--output", str(out)]
     for key, value in params.items():
         args += ["--param", f"{key}={json.dumps(value) if isinstance(value, (list, dict)) else value}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KFP_TRAINER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KFP_TRAINER_")} | {"PYTHONWARNINGS": SHOW_ALL}
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert ours(done.stdout + done.stderr) == [], "a warning of ours in the run's output"  # the steps' and trainers' too
     return dict(task_outputs(out / "artifacts"))
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kfp_trainer.trainers import builtin
+from tests.our_warnings import SHOW_ALL, ours
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,15 +26,17 @@ def _env() -> dict[str, str]:
 
 
 def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    done = subprocess.run(
         [sys.executable, *args],
         cwd=REPO_ROOT,
-        env=_env(),
+        env=_env() | {"PYTHONWARNINGS": SHOW_ALL},
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
     )
+    assert ours(done.stdout + done.stderr) == [], "a warning of ours in the trainer's output"
+    return done
 
 
 def _torchrun(nproc: int, module: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
