@@ -164,7 +164,8 @@ def test_the_digits_classifier_trains_on_two_real_trainer_nodes(cluster, api_cli
     assert "completed on 2 nodes (AllJobsCompleted)" in log, log[-3000:]
     (metrics,) = json.loads((outputs / "executor_output.json").read_text())["artifacts"]["metrics"]["artifacts"]
     names = {name.removeprefix("best_") for name in metrics["metadata"] if not name.endswith("_seconds")}
-    assert names == {"loss", "val_loss", "val_accuracy"}, metrics  # what the trainer printed, and no library line's pairs
+    printed = {"features", "seed", "train_examples", "validation_examples", "test_examples"}  # the prepare command's JSON line
+    assert names == {"loss", "val_loss", "val_accuracy"} | printed, metrics  # what the trainer printed, no library line's pairs
     report = (outputs / "report").read_text()
     assert "Pending" not in report.split("trainer started", 1)[1], "the report's timeline went back to Pending"
 
