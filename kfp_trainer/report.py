@@ -270,8 +270,9 @@ def render_html(data: Mapping[str, Any]) -> str:
             trainerStatus history: ``[{"seconds", "percent", "eta", "metrics", "updated"}]``),
             ``pods_per_job`` (``{replicated job: pods in each of its Jobs}``: the replicated
             jobs' counts shown in pods and nodes), optional ``report_uri`` (this report's
-            artifact URI: a link to it full size) and ``report_namespace``, and optional
-            ``extra`` (``{label: value}`` rows).
+            artifact URI: a link to it full size) and ``report_namespace``, optional
+            ``extra`` (``{label: value}`` rows), and optional ``tables`` (``[{"title",
+            "headers", "rows", "note"}]``: what a trainer adds, e.g. GRPO's sampled completions).
 
     Returns:
         The HTML document.
@@ -310,6 +311,10 @@ def render_html(data: Mapping[str, Any]) -> str:
     extra = data.get("extra") or {}
     if extra:
         parts.append("<h2>Details</h2>" + _table(["", ""], list(extra.items()), cls="kv"))
+    for table in data.get("tables") or []:
+        parts.append(f"<h2>{escape(table.get('title', ''))}</h2>" + _table(table.get("headers") or [], table.get("rows") or [], cls="wide"))
+        if table.get("note"):
+            parts.append(f"<p class='muted'>{escape(table['note'])}</p>")
     timeline = list(data.get("timeline") or [])
     if timeline:
         shown = timeline if len(timeline) <= MAX_TIMELINE else timeline[: MAX_TIMELINE // 2] + timeline[-MAX_TIMELINE // 2 :]
@@ -406,6 +411,11 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     if rows:
         lines += ["", "| metric | final | best |", "|---|---:|---:|"]
         lines += [f"| {cell(n)} | {cell(f)} | {cell(b)} |" for n, f, b in rows]
+    for table in data.get("tables") or []:
+        headers = list(table.get("headers") or [])
+        lines += ["", f"**{cell(table.get('title', ''))}**", ""]
+        lines += ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+        lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.get("rows") or []]
     timeline = list(data.get("timeline") or [])[:MAX_TIMELINE]
     if timeline:
         lines += ["", "| time | event |", "|---|---|"]

@@ -2,7 +2,7 @@
 
     from kfp_trainer.components import dataset_initializer, model_initializer, train_job, evaluate_model
     from kfp_trainer.components import torchtune_finetune, trainjob_component
-    from kfp_trainer.components import trl_finetune, evaluate_preferences
+    from kfp_trainer.components import trl_finetune, reward, evaluate_preferences
     from kfp_trainer.components import register_model
 
 Each module here imports only the standard library and ``kfp`` at its top level; what a
@@ -23,7 +23,7 @@ from .loading import load_component_from_file, load_component_from_url
 from .preference import evaluate_preferences
 from .registry import register_model
 from .train_job import TASK_CONFIG_PASSTHROUGHS, train_job
-from .trl import trl_finetune
+from .trl import reward, trl_finetune
 from .workspace import workspace_config
 
 # name -> component, in the order the generated files list them
@@ -52,6 +52,7 @@ __all__ = [
     "load_component_from_url",
     "model_initializer",
     "register_model",
+    "reward",
     "torchtune_finetune",
     "train_job",
     "trainjob_component",

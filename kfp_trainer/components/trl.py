@@ -1,11 +1,12 @@
 # ruff: noqa: UP045, D417 - KFP reads Optional[...] (not X | None) and takes output descriptions from Returns.
-"""The ``trl_finetune`` component: supervised fine-tuning or DPO with Hugging Face TRL in a TrainJob.
+"""The ``trl_finetune`` component: supervised fine-tuning, DPO or GRPO with Hugging Face TRL in a TrainJob.
 
 Only the standard library and ``kfp`` are imported here; the work is done by
 :func:`kfp_trainer.steps.trl.run_trl_finetune` inside the component's container.
 """
 
-from typing import Optional
+from collections.abc import Callable, Iterable
+from typing import Any, Optional
 
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output, OutputPath
@@ -45,6 +46,14 @@ def trl_finetune(
     save_steps: int = 0,
     logging_steps: int = 0,
     seed: int = -1,
+    rewards: Optional[list] = None,
+    num_generations: int = -1,
+    max_completion_length: int = -1,
+    temperature: float = -1.0,
+    loss_type: str = "",
+    gradient_accumulation_steps: int = 0,
+    use_vllm: bool = False,
+    vllm_mode: str = "",
     extra_args: Optional[list] = None,
     num_nodes: int = 0,
     num_proc_per_node: Optional[str] = None,
@@ -74,7 +83,7 @@ def trl_finetune(
     mlflow_experiment: Optional[str] = None,
     task_config: dsl.TaskConfig = None,
 ):
-    """Fine-tunes an LLM with Hugging Face TRL (SFTTrainer or DPOTrainer) in a TrainJob and hands on the model.
+    """Fine-tunes an LLM with Hugging Face TRL (SFTTrainer, DPOTrainer or GRPOTrainer) in a TrainJob and hands on the model.
 
     The TrainJob runs on a runtime labelled trainer.kubeflow.org/framework: trl, by default
     kfp-trainer-trl (deploy/trl-runtime.yaml: the project's trainer image running
@@ -84,14 +93,18 @@ def trl_finetune(
     dataset_initializer outputs, or an earlier step's model: DPO after SFT) or as URIs this
     step fetches (credentials from the task's env: kfp.kubernetes.use_secret_as_env). SFT reads
     prompt/completion, chat, instruction, question/answer or input/output records (or
-    preference pairs, learning the chosen answer); DPO reads prompt/chosen/rejected pairs; as
-    .jsonl, .json, .csv, .parquet or save_to_disk files. The trainer checkpoints into its
+    preference pairs, learning the chosen answer); DPO reads prompt/chosen/rejected pairs; GRPO
+    reads a prompt column (text or chat turns) and the columns its rewards read; as
+    .jsonl, .json, .csv, .parquet or save_to_disk files. GRPO samples num_generations
+    completions per prompt and learns from their rewards: built-in ones by name
+    (exact_answer, format, length_penalty) and your own Python functions
+    (kfp_trainer.components.reward(fn)), checked when the pipeline is built. The trainer checkpoints into its
     output folder on the pipeline workspace, so a retried step (task.set_retry) resumes from
     the last checkpoint. Unset settings (0, empty) keep TRL's defaults. Caching is off on
     this task unless set_caching_options(True). Needs KFP 2.15+ and a pipeline workspace on a cluster.
 
     Args:
-        method: sft (supervised fine-tuning) or dpo (direct preference optimization).
+        method: sft (supervised fine-tuning), dpo (direct preference optimization) or grpo (online RL from rewards).
         model: Model to start from (a Hugging Face model folder).
         dataset: Dataset folder (the shapes above).
         model_uri: Model to fetch when no model artifact is given: hf://, s3://, file:// (locally also builtin://).
@@ -110,11 +123,20 @@ def trl_finetune(
         lora_target_modules: Modules with LoRA, e.g. ["q_proj", "v_proj"] or ["all-linear"].
         load_in_4bit: QLoRA: LoRA on a 4-bit quantized base (needs CUDA and bitsandbytes on the nodes).
         merge_adapter: LoRA: save the merged model at the top and the adapter in adapter/ (else the adapter alone).
-        beta: DPO beta (how far from the reference model); 0 means TRL's default.
+        beta: DPO beta (how far from the reference model), or GRPO's KL weight; 0 means TRL's default (GRPO: no KL term).
         max_length: Maximum tokens per example (prompt and answer); 0 means TRL's default.
         save_steps: Steps between checkpoints (a retry resumes from the last); 0 means 50.
         logging_steps: Steps between log lines; 0 means 10.
         seed: Seed; -1 means TRL's default.
+        rewards: GRPO's reward functions: names (exact_answer, format, length_penalty), dicts with settings and weight
+            ({"name": "format", "pattern": "[0-9]+", "weight": 0.2}), or reward(my_function) items.
+        num_generations: GRPO: completions sampled per prompt (at least 2; they must fill whole generation batches); -1 means TRL's.
+        max_completion_length: GRPO: tokens per sampled completion (at least 1); -1 means TRL's.
+        temperature: GRPO: sampling temperature (above 0); -1 means TRL's.
+        loss_type: GRPO: TRL's loss formulation (grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo); TRL's when empty.
+        gradient_accumulation_steps: Steps per optimizer update; 0 means TRL's default.
+        use_vllm: GRPO: generate with vLLM (GPU nodes with vllm installed).
+        vllm_mode: GRPO with vLLM: colocate (in the training processes) or server; TRL's when empty.
         extra_args: More TRL flags, e.g. ["--warmup_steps", "10"] (not the model, dataset or output folders).
         num_nodes: Number of trainer nodes; 0 means the runtime's default.
         num_proc_per_node: Processes per node (an integer, or auto); the runtime's when unset.
@@ -150,8 +172,9 @@ def trl_finetune(
 
     Returns:
         output_model: The trained model, with metadata: base model, method, weights (full or adapter), format, TrainJob, runtime, settings.
-        metrics: Final and best values of what the trainer logged (loss; DPO's rewards/margins), seconds queued, starting, running.
-        report: HTML report: loss curves, the TRL settings, a resume if there was one, timeline, replicated jobs.
+        metrics: Final and best values of what the trainer logged (loss; DPO's rewards/margins; GRPO's rewards, KL, completion length),
+            seconds queued, starting, running.
+        report: HTML report: curves, the TRL settings, a resume if there was one, GRPO's sampled completions, timeline, nodes.
         trainjob: The TrainJob as namespace/name.
     """
     values = dict(locals())  # the inputs, sorted by the step into TRL settings and TrainJob inputs
@@ -165,3 +188,16 @@ def trl_finetune(
 
 
 trl_finetune = with_run_context(trl_finetune)
+
+
+def reward(func: Callable[..., Any], *, weight: float = 1.0, name: Optional[str] = None, modules: Iterable[str] = ()) -> dict:
+    """Your own reward function as an item of ``trl_finetune(method="grpo", rewards=[...])``, checked now.
+
+    A plain ``def`` at module level, with its imports inside its body, taking ``completions``
+    (and any of ``prompts``, ``completion_ids``, ``trainer_state`` and the dataset's columns, by
+    keyword), returning one finite number per completion. Its source is shipped into the
+    TrainJob. See :func:`kfp_trainer.llm.rewards.reward`.
+    """
+    from kfp_trainer.llm.rewards import reward as shipped
+
+    return shipped(func, weight=weight, name=name, modules=modules)

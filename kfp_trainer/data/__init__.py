@@ -31,8 +31,8 @@ Example:
 """
 
 from .files import DatasetError
-from .load import load_preference_split, load_split
+from .load import load_preference_split, load_prompt_split, load_split
 from .shapes import chat_renderer
 from .splits import discover
 
-__all__ = ["DatasetError", "chat_renderer", "discover", "load_preference_split", "load_split"]
+__all__ = ["DatasetError", "chat_renderer", "discover", "load_preference_split", "load_prompt_split", "load_split"]

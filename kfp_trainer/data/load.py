@@ -159,3 +159,59 @@ def _load(
     what = "pairs" if preference else "examples"
     log(f"split {split!r}: {len(examples)} {what} ({', '.join(sorted(shapes))}) from {_names(files, root)}")
     return examples
+
+
+def load_prompt_split(
+    dataset: str | Path,
+    split: str = "train",
+    *,
+    columns: list[str] | tuple[str, ...] | None = (),
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Reads one split as prompts for online RL (GRPO): each record's ``prompt`` and the reference ``columns`` rewards read.
+
+    ``columns=None`` keeps every column.
+
+    The same folder layouts, file formats, split fallbacks and held-out slice as
+    :func:`load_split`. ``prompt`` is text, or chat turns (a list of ``{"role", "content"}``:
+    a conversational prompt, rendered by the model's chat template when sampled). The other
+    columns are kept as they are, one value per record.
+
+    Raises:
+        DatasetError: No such dataset or split, an unreadable file, or a file without the
+            ``prompt`` column or one of ``columns`` (the message names the file, what is
+            missing and the columns it has, never a value).
+    """
+    log = log or _stderr
+    path = Path(dataset)
+    if not path.exists():
+        raise DatasetError(f"dataset {dataset}: no such file or directory")
+    files, mode, root = _resolve(path, split, log)
+    wanted = ["prompt", *(c for c in columns or () if c != "prompt")]
+    full: list[dict[str, Any]] = []  # the whole records: the held-out slice is chosen on them, as load_split chooses it
+    for file in files:
+        records = read_rows(file)
+        if not records:
+            continue
+        name = file.relative_to(root) if file.is_relative_to(root) else file.name
+        found = columns_of(records)
+        if columns is None:
+            wanted += [c for c in found if c not in wanted]
+        missing = [c for c in wanted if c not in found]
+        if missing:
+            what = "prompt column" if missing == ["prompt"] else f"column{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+            raise DatasetError(f"{name}: has no {what} (GRPO reads prompt and {', '.join(wanted[1:]) or 'no other column'}); "
+                               f"its columns: {found}")  # fmt: skip
+        for i, row in enumerate(records):
+            prompt = row.get("prompt")
+            if not (isinstance(prompt, str) and prompt) and not (isinstance(prompt, list) and prompt):
+                raise DatasetError(f"{name}, record {i + 1}: prompt is {type(prompt).__name__}; expected text or a list of chat turns")
+            full.append(row)
+    if mode is not None:
+        held = holdout(full)
+        full = [r for i, r in enumerate(full) if (i in held) == (mode == "only")]
+    rows = [{c: row.get(c) for c in wanted} for row in full]
+    if not rows:
+        raise DatasetError(f"dataset {path}: split {split!r} has no records (files: {_names(files, root)})")
+    log(f"split {split!r}: {len(rows)} prompts from {_names(files, root)}")
+    return rows

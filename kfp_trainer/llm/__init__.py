@@ -13,6 +13,7 @@ Modules:
     checkpoints: latest complete torchtune checkpoint in an output dir -> resume overrides.
     tune_output: a torchtune output dir's loss log as metric points; checks of extra overrides.
     trl_config: TRL settings (KEP-626 TRLConfig names), checked, rendered as the trainer's arguments. Pure.
+    rewards: GRPO's reward functions: built-ins, the user's own shipped as source, checked. Standard library only.
     trl_runtime: the kfp-trainer-trl ClusterTrainingRuntime (deploy/trl-runtime.yaml, built in locally).
     tiny_models: offline tiny models/tokenizers/datasets of the torchtune runtimes' architectures.
 """

@@ -44,7 +44,8 @@ def train_job_inputs(values: Mapping[str, Any]) -> dict[str, Any]:
 _TRL_SETTINGS = (
     "learning_rate", "per_device_train_batch_size", "num_train_epochs", "max_steps", "bf16", "use_peft", "lora_r",
     "lora_alpha", "lora_dropout", "lora_target_modules", "load_in_4bit", "beta", "max_length", "save_steps",
-    "logging_steps", "seed",
+    "logging_steps", "seed", "gradient_accumulation_steps", "num_generations", "max_completion_length", "temperature",
+    "loss_type", "use_vllm", "vllm_mode", "rewards",
 )  # fmt: skip
 _TRL_JOB_INPUTS = (
     "runtime", "runtime_kind", "num_nodes", "num_proc_per_node", "resources_per_node", "name", "name_prefix", "namespace",
@@ -64,7 +65,7 @@ def trl_arguments(values: Mapping[str, Any]) -> dict[str, Any]:
         {'use_peft': None, 'beta': 0.1}
     """
     settings = {k: values[k] for k in _TRL_SETTINGS if k in values}
-    for flag in ("use_peft", "load_in_4bit"):
+    for flag in ("use_peft", "load_in_4bit", "use_vllm"):
         if flag in settings:
             settings[flag] = settings[flag] or None
     inputs = {k: values[k] for k in _TRL_JOB_INPUTS if k in values}

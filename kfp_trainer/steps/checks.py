@@ -137,7 +137,13 @@ def check_trl_finetune(values: Mapping[str, Any]) -> None:
     from ..llm.trl_config import trl_settings
 
     args = trl_arguments(dict(values))
-    errors = errors_of(lambda: trl_settings(method=args["method"], extra_args=args["extra_args"], **args["settings"]))
+    job = args["inputs"]
+    nodes, procs = job.get("num_nodes"), job.get("num_proc_per_node")
+    known = isinstance(nodes, int) and (isinstance(procs, int) or (isinstance(procs, str) and procs.isdecimal()))
+    world_size = int(nodes) * int(procs) if known else None  # else checked when the step has read the runtime
+    errors = errors_of(
+        lambda: trl_settings(method=args["method"], extra_args=args["extra_args"], world_size=world_size, **args["settings"])
+    )
     for uri in ("dataset_uri", "model_uri"):  # fetched by the step: no credentials in them
         if isinstance(args[uri], str) and find_secret(args[uri]):
             errors.append(ValidationError(uri, args[uri], "a URI without credentials -- give the step HF_TOKEN or "

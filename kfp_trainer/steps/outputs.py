@@ -83,6 +83,6 @@ def write_report(artifacts: StepArtifacts, job: Any, outcome: Any, ctx: TrainerC
     if resumed and "resumed" not in rows:  # our trainers record the checkpoint a retried job continued from
         rows["resumed"] = f"from the checkpoint at step {resumed} of an earlier try"
     report_uri = getattr(artifacts.report, "uri", "") or ""  # the report links to itself in KFP's UI (report._full_size)
-    data = outcome_data(outcome, backend="local" if local else "kubernetes", extra=rows, report_uri=report_uri)
+    data = outcome_data(outcome, backend="local" if local else "kubernetes", extra=rows, report_uri=report_uri, tables=ctx.tables)
     Path(artifacts.report.path).parent.mkdir(parents=True, exist_ok=True)
     Path(artifacts.report.path).write_text(render_html(data), encoding="utf-8")

@@ -78,7 +78,9 @@ class TrainerContext:
 
     ``shared_root`` is the volume shared with the TrainJob's pods (cluster only); ``key`` names
     this task's folder on it (stable across retries of the step); ``local`` tells the local
-    backend. Hooks add report rows to ``report`` and model metadata to ``metadata``.
+    backend. Hooks add report rows to ``report``, report tables to ``tables`` (see
+    :func:`kfp_trainer.report.render_html`), model metadata to ``metadata``, and files for the
+    step's MLflow run to ``tracked_files`` (``{name in the run: local path}``).
     """
 
     local: bool
@@ -90,6 +92,8 @@ class TrainerContext:
     model: Any = None
     report: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    tables: list[dict[str, Any]] = field(default_factory=list)
+    tracked_files: dict[str, str] = field(default_factory=dict)
 
 
 class TypedTrainer:

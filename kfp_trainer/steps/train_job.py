@@ -124,7 +124,8 @@ def run_train_job(
         artifacts.output_model.metadata.update(tracking.lineage())  # register_model links the version to this run
         log_metrics(artifacts.metrics, outcome)
         write_report(artifacts, job, outcome, ctx, files, local=backend.local)
-    tracking.finished(outcome, metrics=dict(getattr(artifacts.metrics, "metadata", None) or {}), report=artifacts.report.path)
+    tracking.finished(outcome, metrics=dict(getattr(artifacts.metrics, "metadata", None) or {}), report=artifacts.report.path,
+                      files=ctx.tracked_files)  # fmt: skip
     return outcome
 
 

@@ -1,4 +1,4 @@
-"""Run-time work of the ``trl_finetune`` component: TRL's SFT or DPO in a TrainJob of a TRL runtime.
+"""Run-time work of the ``trl_finetune`` component: TRL's SFT, DPO or GRPO in a TrainJob of a TRL runtime.
 
 The TrainJob runs on a runtime labelled ``trainer.kubeflow.org/framework: trl`` (the project's
 ``kfp-trainer-trl``, :mod:`kfp_trainer.llm.trl_runtime`), whose node runs the trainer program
@@ -17,6 +17,10 @@ folders. The step builds on :func:`~kfp_trainer.steps.train_job.run_train_job`:
 * **The model** (full weights, or the merged model with the LoRA adapter in ``adapter/``; a
   QLoRA adapter alone) becomes the output ``dsl.Model`` with its metadata: base model, method,
   weights, format, TrainJob, runtime, the settings.
+* **GRPO** is checked further before any TrainJob exists: the dataset must have the ``prompt``
+  column and every column the rewards read, and the generation batch (with the world size, once
+  the runtime is read) must hold whole groups of ``num_generations``. Its sampled completions
+  with their rewards go to the report and, as ``completions.jsonl``, to the step's MLflow run.
 """
 
 from __future__ import annotations
@@ -68,6 +72,12 @@ class TRLFinetune(TypedTrainer):
             raise InvalidSpecErrors(missing)
         if self.settings.load_in_4bit and ctx.local:
             _check_local_qlora()
+        if self.settings.method == "grpo":
+            from ..llm.trl_config import grpo_batch_errors
+
+            batch = grpo_batch_errors(self.settings, _world_size(runtime, inputs))
+            if batch:
+                raise InvalidSpecErrors(batch)
         folders = ["--model_name_or_path", "{model}", "--dataset_name", "{dataset}", "--output_dir", "{output_model}"]
         args = self.settings.to_args() + folders
         if self.settings.adapter and not self.merge_adapter:
@@ -86,7 +96,40 @@ class TRLFinetune(TypedTrainer):
         ctx.metadata.update(method=info.get("method", self.settings.method), merged_model=bool(info.get("merged_model")))
         if info.get("weights") == "adapter":
             ctx.metadata["weights"] = "adapter"  # what was trained; a merged model is there too when merged_model
+        samples_file = Path(ctx.output_model.path) / "completions.jsonl"
+        if self.settings.method == "grpo" and samples_file.is_file():
+            _completions_table(ctx, samples_file)
 
+
+def _completions_table(ctx: TrainerContext, samples_file: Path) -> None:
+    """GRPO's last scored batch: a table in the report, the file in the step's MLflow run."""
+    samples = [json.loads(line) for line in samples_file.read_text().splitlines() if line.strip()]
+    names = sorted({name for sample in samples for name in sample.get("rewards", {})})
+    rows = [[sample.get("prompt", ""), sample.get("completion", ""), *(sample.get("rewards", {}).get(n, "") for n in names)]
+            for sample in samples]  # fmt: skip
+    note = "The last batch the trainer scored, with each reward's value (completions.jsonl in the model folder)."
+    ctx.tables.append({"title": "Sampled completions", "headers": ["prompt", "completion", *names], "rows": rows, "note": note})
+    ctx.tracked_files["completions.jsonl"] = str(samples_file)
+
+
+def _world_size(runtime: RuntimeInfo, inputs: TrainJobInputs) -> int | None:
+    """Processes over all nodes, when known before the job runs (``auto`` without GPUs is one per node)."""
+    from ..dicts import dig
+
+    nodes = dict(runtime.replicated_jobs).get("node")
+    procs: Any = getattr(inputs, "num_proc_per_node", None)
+    if procs in (None, ""):
+        procs = dig(runtime.document, "spec", "mlPolicy", "torch", "numProcPerNode")
+    if procs in (None, "", "auto"):
+        resources = getattr(inputs, "resources_per_node", None) or {}
+        wanted = {**(resources.get("limits") or {}), **(resources.get("requests") or {})} if isinstance(resources, dict) else {}
+        if any("gpu" in str(k) for k in wanted):
+            return None  # torchrun's auto: one process per GPU, which the nodes report only when they run
+        procs = 1
+    try:
+        return int(nodes) * int(procs) if nodes else None
+    except (TypeError, ValueError):
+        return None
 
 def _check_local_qlora() -> None:
     import importlib.util
@@ -105,6 +148,17 @@ def _check_local_qlora() -> None:
         raise InvalidSpecErrors([ValidationError(
             "load_in_4bit", True, f"false on this machine: QLoRA needs {' and '.join(problems)}; train a LoRA adapter (use_peft) instead",
         )])  # fmt: skip
+
+
+def _check_prompts(settings: Any, dataset: str) -> None:
+    """GRPO's dataset has the prompt column and what the rewards read, before any TrainJob exists."""
+    from ..data import DatasetError
+    from ..llm.rewards import check_rewards, prompt_records
+
+    try:
+        prompt_records(dataset, "train", check_rewards(settings.rewards), log=lambda line: log(f"dataset: {line}"))
+    except DatasetError as e:
+        raise InvalidSpecErrors([ValidationError("dataset", Path(dataset).name, f"a prompt dataset for GRPO: {e}")]) from None
 
 
 def _fetched(kind: str, uri: str, where: Path) -> Any:
@@ -160,9 +214,11 @@ def run_trl_finetune(
         raise InvalidSpecErrors(errors)
     output = Path(artifacts.output_model.path)
     sources = {"dataset_uri": dataset_uri, "model_uri": model_uri}
-    fetched = {
-        kind: _fetched(kind, uri, output.with_name(f"{output.name}.trl-{kind}"))
-        for kind, artifact, uri in (("dataset", artifacts.dataset, dataset_uri), ("model", artifacts.model, model_uri)) if artifact is None
-    }
+    fetched: dict[str, Any] = {}
+    for kind, artifact, uri in (("dataset", artifacts.dataset, dataset_uri), ("model", artifacts.model, model_uri)):
+        if artifact is None:
+            fetched[kind] = _fetched(kind, uri, output.with_name(f"{output.name}.trl-{kind}"))
+        if kind == "dataset" and checked.method == "grpo":  # before the model is fetched: a dataset GRPO cannot read ends the step
+            _check_prompts(checked, (fetched.get("dataset") or artifacts.dataset).path)
     trainer = TRLFinetune(checked, sources={k: v for k, v in sources.items() if v}, merge_adapter=merge_adapter)
     return run_train_job(inputs, dataclasses.replace(artifacts, **fetched), options, trainer, stop=stop)

@@ -208,8 +208,10 @@ class StepTracking:
             client, run_id = self.client, self.run.run_id  # type: ignore[union-attr]
             self._try(lambda: client.log_batch(run_id, tags={k: v for k, v in tags.items() if v}))  # type: ignore[union-attr]
 
-    def finished(self, outcome: Any, *, metrics: Mapping[str, Any], report: str | Path | None) -> None:
-        """After success: the final metrics, times and preemptions, the report; the run ``FINISHED``."""
+    def finished(
+        self, outcome: Any, *, metrics: Mapping[str, Any], report: str | Path | None, files: Mapping[str, str | Path] | None = None,
+    ) -> None:
+        """After success: the final metrics, times and preemptions, the report and ``files`` (``{name: path}``); the run ``FINISHED``."""
         if not self.enabled:
             return
         assert self.client is not None and self.run is not None
@@ -229,13 +231,17 @@ class StepTracking:
         self._try(lambda: client.log_batch(run_id, metrics=values, tags={k: v for k, v in tags.items() if v}))
         if report and Path(report).is_file():
             self._try(lambda: self._upload(report, "report.html"))
+        for name, local in sorted((files or {}).items()):
+            if Path(local).is_file():
+                self._try(lambda name=name, local=local: self._upload(local, name))  # type: ignore[misc]
         self._try(lambda: client.update_run(run_id, "FINISHED"))
 
     def _upload(self, local: str | Path, name: str) -> None:
         assert self.client is not None and self.run is not None
         uri = self.run.artifact_uri or self.client.get_run(self.run.run_id)["info"]["artifact_uri"]
         path = self.client.artifact_url_path(uri, name)
-        self.client.request("PUT", path, body=Path(local).read_bytes(), content_type="text/html")
+        kind = {".html": "text/html", ".jsonl": "application/x-ndjson", ".json": "application/json"}.get(Path(name).suffix, "text/plain")
+        self.client.request("PUT", path, body=Path(local).read_bytes(), content_type=kind)
 
     def failed(self, error: BaseException) -> None:
         """The run ``FAILED`` (``KILLED`` for a cancelled step), with what happened as a tag."""

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from helpers import wait_for
@@ -75,3 +78,36 @@ def claim_folder(core: client.CoreV1Api, ns: str, path: str = "output"):
 
     claim = core.read_namespaced_persistent_volume_claim("workspace", ns)
     return Path(core.read_persistent_volume(claim.spec.volume_name).spec.host_path.path) / path
+
+
+@contextlib.contextmanager
+def real_node_queue(api_client: Any, namespace: str, cpu: int) -> Iterator[tuple[dict[str, Any], str]]:
+    """Kueue on the real node: a flavor of it, a ClusterQueue of ``cpu`` CPUs, the LocalQueue ``real`` in ``namespace``, and
+    a high WorkloadPriorityClass; yields the real node's placement and that class's name. Removed, with every TrainJob of
+    ``namespace``, at the end."""
+    from helpers import list_trainjobs
+    from testcluster import queues
+    from testcluster.kueue import MANAGED_NAMESPACES
+
+    from kfp_trainer import spec
+
+    client.CoreV1Api(api_client).patch_namespace(namespace, {"metadata": {"labels": MANAGED_NAMESPACES}})
+    tag = uuid.uuid4().hex[:6]
+    flavor, cq, high = f"real-{tag}", f"cq-real-{tag}", f"high-{tag}"
+    placement = realnode.pod_spec_for_real_node()
+    queues.resource_flavor(api_client, flavor, placement["nodeSelector"])
+    queues.cluster_queue(api_client, cq, flavor, {"cpu": cpu})
+    queues.local_queue(api_client, namespace, "real", cq)
+    queues.priority_class(api_client, high, 1000)
+    try:
+        queues.wait_active(api_client, cq)
+        yield placement, high
+    finally:
+        for job in list_trainjobs(api_client, namespace):
+            client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
+                spec.GROUP, spec.VERSION, namespace, spec.PLURAL, job["metadata"]["name"]
+            )
+        queues.delete(api_client, "localqueues", "real", namespace)
+        queues.delete(api_client, "clusterqueues", cq)
+        queues.delete(api_client, "resourceflavors", flavor)
+        queues.delete(api_client, "workloadpriorityclasses", high)

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 from helpers import get_trainjob, list_trainjobs, wait_for
 from kubernetes import client
-from realpods import claim_folder, prepare_claim
-from testcluster import queues, realnode
-from testcluster.kueue import MANAGED_NAMESPACES, PRIORITY_LABEL
+from realpods import claim_folder, prepare_claim, real_node_queue
+from testcluster.kueue import PRIORITY_LABEL
 
 from kfp_trainer import spec
 from kfp_trainer.backends.kubernetes import KubernetesBackend
@@ -36,27 +35,9 @@ pytestmark = pytest.mark.timeout(600)
 def test_a_preempted_sft_trainer_resumes_from_its_checkpoint_when_kueue_readmits_it(kueue, api_client, kube_client, namespace, real_node):
     core = client.CoreV1Api(api_client)
     image = images.import_into("trainer", str(real_node.containerd.socket))[0].ref
-    core.patch_namespace(namespace, {"metadata": {"labels": MANAGED_NAMESPACES}})
-    tag = uuid.uuid4().hex[:6]
-    flavor, cq, high = f"real-{tag}", f"cq-real-{tag}", f"high-{tag}"
-    placement = realnode.pod_spec_for_real_node()
-    queues.resource_flavor(api_client, flavor, placement["nodeSelector"])
-    queues.cluster_queue(api_client, cq, flavor, {"cpu": 1})
-    queues.local_queue(api_client, namespace, "real", cq)
-    queues.priority_class(api_client, high, 1000)
-    try:
-        queues.wait_active(api_client, cq)
+    with real_node_queue(api_client, namespace, cpu=1) as (placement, high):
         prepare_claim(core, namespace, image, "builtin://datasets/addition", "builtin://models/tiny-char-lm")
         run(api_client, kube_client, core, namespace, image, placement, high)
-    finally:
-        for job in list_trainjobs(api_client, namespace):
-            client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
-                spec.GROUP, spec.VERSION, namespace, spec.PLURAL, job["metadata"]["name"]
-            )
-        queues.delete(api_client, "localqueues", "real", namespace)
-        queues.delete(api_client, "clusterqueues", cq)
-        queues.delete(api_client, "resourceflavors", flavor)
-        queues.delete(api_client, "workloadpriorityclasses", high)
 
 
 def job_inputs(namespace: str, image: str, placement: dict, **kw) -> TrainJobInputs:

@@ -250,6 +250,27 @@ def test_llm_finetune_torchtune_runs_the_runtimes_own_tune_command_and_the_held_
 
 
 @pytest.mark.slow
+def test_llm_grpo_runs_sft_then_grpo_with_the_pipelines_own_reward_shipped_and_shows_its_completions(tmp_path):
+    """The sample's plumbing with small settings (seconds of training): the reward function of pipeline.py runs in the TrainJob."""
+    outputs = run_pipeline("llm_grpo", tmp_path / "run", sft_max_steps=20, grpo_max_steps=4, grpo_batch_size=32, num_generations=8,
+                           eval_examples=50, min_improvement=-1.0)  # fmt: skip
+    grpo = metric_values(outputs, "trl-finetune-2")
+    assert {"rewards/exact_sum/mean", "rewards/exact_sum/std", "reward", "completions/mean_length"} <= set(grpo), grpo
+    meta = artifact(outputs, "trl-finetune-2", "output_model")["metadata"]
+    assert (meta["method"], meta["runtime"]) == ("grpo", "ClusterTrainingRuntime/kfp-trainer-trl")
+    assert json.loads(meta["trl_settings"])["rewards"] == [{"kind": "function", "name": "exact_sum", "weight": 1.0}]
+    trained = Path(artifact(outputs, "trl-finetune-2", "output_model")["uri"])
+    samples = [json.loads(line) for line in (trained / "completions.jsonl").read_text().splitlines()]
+    assert samples and all(set(s["rewards"]) == {"exact_sum"} for s in samples)
+    sums = [sum(int(n) for n in s["prompt"].rstrip("=").split("+")) for s in samples]
+    expected = [float(s["completion"].strip() == str(t)) for s, t in zip(samples, sums, strict=True)]
+    assert [s["rewards"]["exact_sum"] for s in samples] == expected  # the shipped function's values
+    report = Path(artifact(outputs, "trl-finetune-2", "report")["uri"]).read_text()
+    assert "Sampled completions" in report and "<th>exact_sum</th>" in report
+    assert 0 <= metric_values(outputs, "evaluate-model-2")["exact_match"] <= 1 and "promote-model" in outputs
+
+
+@pytest.mark.slow
 def test_llm_preference_runs_sft_then_dpo_with_trl_and_promotes_the_model_that_wins_more_held_out_pairs(tmp_path):
     outputs = run_pipeline("llm_preference", tmp_path / "run")
     sft, dpo = metric_values(outputs, "evaluate-preferences"), metric_values(outputs, "evaluate-preferences-2")

@@ -55,11 +55,11 @@ def test_the_inputs_render_as_the_kep_626_trl_config_renders_them():
 def test_every_bad_input_is_reported_at_once_with_what_is_allowed():
     with pytest.raises(InvalidSpecErrors) as excinfo:
         trl_settings(
-            method="grpo", learning_rate=-1.0, per_device_train_batch_size=2.5, lora_r=8,
+            method="ppo", learning_rate=-1.0, per_device_train_batch_size=2.5, lora_r=8,
             lora_target_modules=["q_proj;rm"], extra_args=["--output_dir", "/tmp/x", "--learning_rate", "1", "--Bad"],
         )  # fmt: skip
     errors = errors_of(excinfo)
-    assert "grpo" in errors["method"] and "sft or dpo" in errors["method"]
+    assert errors["method"] == "sft, dpo or grpo"
     assert "positive" in errors["learning_rate"] and "whole number" in errors["per_device_train_batch_size"]
     assert "use_peft" in errors["lora_r"]
     assert "module names" in errors["lora_target_modules"]
@@ -125,8 +125,8 @@ def test_the_trainer_adds_this_machines_defaults_and_refuses_what_it_cannot_run(
     with pytest.raises(SystemExit, match="bitsandbytes"):
         prepare_argv("sft", ["--load_in_4bit"], cuda=True, bf16_ok=True, bitsandbytes=False)
     assert "--use_cpu" not in prepare_argv("sft", ["--load_in_4bit"], cuda=True, bf16_ok=True, bitsandbytes=True)
-    with pytest.raises(SystemExit, match="method 'grpo'"):
-        prepare_argv("grpo", [], cuda=False, bf16_ok=False, bitsandbytes=False)
+    with pytest.raises(SystemExit, match="method 'ppo'"):
+        prepare_argv("ppo", [], cuda=False, bf16_ok=False, bitsandbytes=False)
 
 
 def test_the_newest_complete_checkpoint_is_the_one_resumed(tmp_path):
@@ -202,8 +202,8 @@ def test_the_trainers_logs_become_json_lines_and_progress_from_rank_0_only(capsy
     reporter = SimpleNamespace(report_step=lambda step, total, metrics: sent.append((step, total, metrics)))
     state = SimpleNamespace(global_step=5, max_steps=20)
     logs = {"loss": 0.6931472, "rewards/margins": 0.01, "learning_rate": 5e-3, "note": "text"}
-    _callback(DistEnv(rank=0, world_size=2), reporter).on_log(None, state, None, logs=logs)
-    _callback(DistEnv(rank=1, world_size=2), reporter).on_log(None, state, None, logs=logs)
+    _callback(DistEnv(rank=0, world_size=2), reporter, "dpo").on_log(None, state, None, logs=logs)
+    _callback(DistEnv(rank=1, world_size=2), reporter, "dpo").on_log(None, state, None, logs=logs)
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [
         {"step": 5, "loss": 0.693147, "rewards/margins": 0.01, "learning_rate": 0.005}
     ]

@@ -141,9 +141,11 @@ def cgroup_pids(path_in_hierarchy: str) -> set[int]:
         root = h / path_in_hierarchy.strip("/")
         if not root.is_dir():
             continue
-        for procs in root.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError, ValueError):
-                pids |= {int(x) for x in procs.read_text().split()}
+        # os.walk, not Path.rglob: a pod's cgroup removed while it is read is skipped, not an error.
+        for folder, _, files in os.walk(root):
+            if "cgroup.procs" in files:
+                with contextlib.suppress(OSError, ValueError):
+                    pids |= {int(x) for x in (Path(folder) / "cgroup.procs").read_text().split()}
     return pids
 
 
