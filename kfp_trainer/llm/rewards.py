@@ -199,6 +199,11 @@ def _free_names(node: ast.FunctionDef) -> list[str]:
     return sorted(loaded - bound - set(dir(builtins)))
 
 
+def _definition(spec: RewardSpec) -> ast.FunctionDef:
+    """The function's definition in its source (the last one of its name, as Python binds it)."""
+    return [n for n in ast.parse(spec.source).body if isinstance(n, ast.FunctionDef) and n.name == spec.function][-1]
+
+
 def _imports(source: str) -> list[str]:
     """Top-level modules the source imports (absolute imports)."""
     found = []
@@ -217,10 +222,9 @@ def _function_errors(spec: RewardSpec, *, where: str) -> list[ValidationError]:
         tree = ast.parse(spec.source)
     except SyntaxError as e:
         return [ValidationError("rewards", spec.name, f"Python source that parses ({where}: {e.msg}, line {e.lineno})")]
-    defined = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == spec.function]
-    if not spec.function or not defined:
+    if not spec.function or not any(isinstance(n, ast.FunctionDef) and n.name == spec.function for n in tree.body):
         return [ValidationError("rewards", spec.name, f"source that defines the function {spec.function or '(none named)'}")]
-    args = defined[0].args
+    args = _definition(spec).args
     if args.posonlyargs or args.vararg:
         errors.append(ValidationError("rewards", spec.name, f"parameters passed by keyword ({where}: TRL calls it with keywords, "
                                       "so no positional-only parameters or *args)"))  # fmt: skip
@@ -285,8 +289,7 @@ def check_rewards(items: Any) -> list[RewardSpec]:
             found = _function_errors(spec, where=where)
             errors += found
             if not found:  # the parameters as the source says, whatever the item claims
-                (node,) = [n for n in ast.parse(spec.source).body if isinstance(n, ast.FunctionDef) and n.name == spec.function][-1:]
-                spec = RewardSpec(**{**asdict(spec), "parameters": _parameters(node)})
+                spec = RewardSpec(**{**asdict(spec), "parameters": _parameters(_definition(spec))})
         elif kind in BUILTINS:
             settings = {k: item.pop(k) for k in _SETTINGS[kind] if k in item}
             spec = RewardSpec(name=name, kind=kind, weight=weight, **settings)
@@ -340,7 +343,7 @@ def column_errors(specs: list[RewardSpec], columns: Iterable[str], *, dataset: s
 
 def _required(spec: RewardSpec) -> list[str]:
     """The function's parameters without a default value."""
-    (node,) = [n for n in ast.parse(spec.source).body if isinstance(n, ast.FunctionDef) and n.name == spec.function]
+    node = _definition(spec)
     positional = node.args.args
     with_defaults = len(node.args.defaults)
     required = [a.arg for a in positional[: len(positional) - with_defaults]]

@@ -142,6 +142,35 @@ def test_a_tracked_step_gets_the_trainers_params_and_curves_and_what_the_launche
     assert (model_dir / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
+def test_a_tracked_grpo_step_logs_each_rewards_mean_and_spread_per_step_and_its_sampled_completions(tmp_path, monkeypatch,
+                                                                                                    mlflow_server, experiment):
+    from kfp_trainer.components import trl_finetune
+
+    monkeypatch.setenv("KFP_TRAINER_BACKEND", "local")
+    monkeypatch.setenv("KFP_TRAINER_LOCAL_ROOT", str(tmp_path / "trainjobs"))
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "pipeline-root"),
+               workspace_root=tempfile.mkdtemp(prefix="ws-", dir=tmp_path))  # fmt: skip
+
+    @dsl.pipeline(name="tracked-grpo")
+    def tracked():
+        trl_finetune(method="grpo", model_uri="builtin://models/tiny-char-lm", dataset_uri="builtin://datasets/addition",
+                     rewards=["exact_answer", {"name": "format", "pattern": "[0-9]+", "weight": 0.1}], num_generations=4,
+                     per_device_train_batch_size=8, max_completion_length=4, max_steps=3, logging_steps=1,
+                     num_proc_per_node="1")  # fmt: skip
+
+    tracked()
+    [run] = mlflow_server.runs(experiment)
+    info = run["info"]
+    assert info["status"] == "FINISHED"
+    for name in ("rewards/exact_answer/mean", "rewards/exact_answer/std", "rewards/format/mean", "reward", "completions/mean_length"):
+        assert [m["step"] for m in mlflow_server.metric_history(info["run_id"], name)][:3] == [1, 2, 3], name  # from rank 0, per step
+    assert sorted(mlflow_server.artifacts(info["run_id"])) == ["completions.jsonl", "report.html"]
+    [uploaded] = (Path(mlflow_server.root) / "artifacts").rglob("completions.jsonl")
+    samples = [json.loads(line) for line in uploaded.read_text().splitlines()]
+    assert samples and all(set(s["rewards"]) == {"exact_answer", "format"} for s in samples)
+
+
 # --------------------------------------------------------------------------- run status, retries, problems
 
 
