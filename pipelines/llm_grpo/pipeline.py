@@ -62,7 +62,7 @@ PARAMS: dict[str, Any] = {
     "seed": 0,
     "eval_examples": 500,
     "gate_metric": "exact_match",
-    "min_improvement": 0.0,
+    "min_improvement": 0.05,  # five points of held-out exact match over the SFT model
     "backend": "auto",
     # The MLflow registered model the approved model becomes a version of (alias "champion"); "" registers nothing.
     "registered_model": "",
