@@ -122,7 +122,8 @@ def _world_size(runtime: RuntimeInfo, inputs: TrainJobInputs) -> int | None:
         procs = dig(runtime.document, "spec", "mlPolicy", "torch", "numProcPerNode")
     if procs in (None, "", "auto"):
         resources = getattr(inputs, "resources_per_node", None) or {}
-        wanted = {**(resources.get("limits") or {}), **(resources.get("requests") or {})} if isinstance(resources, dict) else {}
+        sections = (resources, resources.get("limits") or {}, resources.get("requests") or {}) if isinstance(resources, dict) else ()
+        wanted = [key for section in sections for key in section]  # flat ({"gpu": 1}) or ResourceRequirements
         if any("gpu" in str(k) for k in wanted):
             return None  # torchrun's auto: one process per GPU, which the nodes report only when they run
         procs = 1
@@ -130,6 +131,7 @@ def _world_size(runtime: RuntimeInfo, inputs: TrainJobInputs) -> int | None:
         return int(nodes) * int(procs) if nodes else None
     except (TypeError, ValueError):
         return None
+
 
 def _check_local_qlora() -> None:
     import importlib.util

@@ -237,3 +237,15 @@ def test_a_pipeline_with_a_users_reward_function_compiles_with_its_source_in_the
     out = tmp_path / "p.yaml"
     compiler.Compiler().compile(pipeline, str(out))
     assert "def exact_sum(completions, prompts, **kwargs)" in out.read_text()
+
+
+def test_the_world_size_is_known_before_the_job_runs_only_where_no_gpu_decides_it():
+    from types import SimpleNamespace as Inputs
+
+    from kfp_trainer.steps.trl import _world_size
+
+    runtime = Inputs(replicated_jobs=(("node", 2),), document={"spec": {"mlPolicy": {"torch": {"numProcPerNode": "auto"}}}})
+    assert _world_size(runtime, Inputs(num_proc_per_node=3, resources_per_node={})) == 6
+    assert _world_size(runtime, Inputs(num_proc_per_node=None, resources_per_node={"cpu": 4})) == 2  # auto on CPU: one per node
+    for gpus in ({"nvidia.com/gpu": 1}, {"limits": {"nvidia.com/gpu": 1}}):  # auto with GPUs: one per GPU, known only on the node
+        assert _world_size(runtime, Inputs(num_proc_per_node=None, resources_per_node=gpus)) is None
