@@ -67,7 +67,8 @@ TRAINER_IMAGE_MODULES = (
     "numpy", "pandas", "pyarrow", "sklearn", "scipy", "boto3", "botocore", "yaml", "requests", "kfp_trainer",
 )  # fmt: skip
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_NUMBER = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)?(\.\d+)?([eE][-+]?\d+)?$")
+# A number as people write answers: digits (thousands grouped by commas or not), a fraction, an exponent; never an exponent alone.
+_NUMBER = re.compile(r"^[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?$")
 _SETTINGS = {"exact_answer": ("column",), "format": ("pattern",), "length_penalty": ("limit",)}
 
 
@@ -366,7 +367,7 @@ def text_of(completion: Any) -> str:
 def normalised(text: Any) -> str | float:
     """``text`` as a number when it reads as one, else case-folded with whitespace collapsed and no trailing full stop."""
     value = " ".join(str(text).split()).casefold().rstrip(".").strip()
-    if _NUMBER.match(value) and any(ch.isdigit() for ch in value):
+    if _NUMBER.match(value):
         return float(value.replace(",", ""))
     return value
 

@@ -10,6 +10,7 @@ with its name and the sample.
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
@@ -148,6 +149,18 @@ def test_builtins_compare_numbers_as_numbers_and_text_normalised():
     assert weights == [1.0, 0.2, 0.1]
     conversational = [[{"role": "assistant", "content": "19"}]]
     assert functions[0](completions=conversational, completion=["19"]) == [1.0]
+
+
+def test_exact_answer_scores_whatever_a_sampling_model_writes_without_raising():
+    # A sampled completion of a sum model is any string of its characters: "e41" once read as an exponent with no digits.
+    assert normalised("e41") == "e41" and normalised("1e3") == 1000.0 and normalised(".5") == 0.5
+    for odd in ("e", "E5", ".", "-", "+", ",", "1,00", "1e", "1.e2", "--1", "1e400", "1,000,00", "+-1"):
+        assert isinstance(normalised(odd), (str, float)), odd
+    (exact,), _ = build(check_rewards(["exact_answer"]), columns=["prompt", "completion"])
+    rng = random.Random(0)
+    samples = ["".join(rng.choice("0123456789+-.,eE= ") for _ in range(rng.randint(0, 6))) for _ in range(5000)]
+    scores = exact(completions=samples, completion=["41"] * len(samples))
+    assert set(scores) <= {0.0, 1.0} and scores.count(1.0) == sum(normalised(s) == 41.0 for s in samples)
 
 
 def test_bad_reward_lists_are_refused_with_every_problem_named():
