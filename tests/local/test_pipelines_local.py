@@ -250,10 +250,17 @@ def test_llm_finetune_torchtune_runs_the_runtimes_own_tune_command_and_the_held_
 
 
 @pytest.mark.slow
-def test_llm_grpo_runs_sft_then_grpo_with_the_pipelines_own_reward_shipped_and_shows_its_completions(tmp_path):
-    """The sample's plumbing with small settings (seconds of training): the reward function of pipeline.py runs in the TrainJob."""
-    outputs = run_pipeline("llm_grpo", tmp_path / "run", sft_max_steps=20, grpo_max_steps=4, grpo_batch_size=32, num_generations=8,
-                           eval_examples=50, min_improvement=-1.0)  # fmt: skip
+def test_llm_grpo_with_its_defaults_beats_the_sft_model_it_starts_from_with_its_own_reward_shipped(tmp_path):
+    """The sample as a user runs it (its defaults, ~4 minutes on 2 cores): GRPO beats the SFT model by the gate's margin.
+
+    Seeded and on CPU, so the figures are the same on a loaded machine, only slower: ``bench/grpo_gain.md`` has
+    them for three seeds (gains +0.112 to +0.150); the margin asked here is the sample's own gate, five points.
+    """
+    outputs = run_pipeline("llm_grpo", tmp_path / "run")
+    sft, grpo_eval = metric_values(outputs, "evaluate-model"), metric_values(outputs, "evaluate-model-2")
+    assert sft["examples"] == grpo_eval["examples"] == 500
+    assert grpo_eval["exact_match"] >= sft["exact_match"] + 0.05, (sft, grpo_eval)
+    assert outputs["evaluate-model-2"]["parameterValues"]["Output"] is True and "promote-model" in outputs  # the gate passed
     grpo = metric_values(outputs, "trl-finetune-2")
     assert {"rewards/exact_sum/mean", "rewards/exact_sum/std", "reward", "completions/mean_length"} <= set(grpo), grpo
     meta = artifact(outputs, "trl-finetune-2", "output_model")["metadata"]
@@ -267,7 +274,8 @@ def test_llm_grpo_runs_sft_then_grpo_with_the_pipelines_own_reward_shipped_and_s
     assert [s["rewards"]["exact_sum"] for s in samples] == expected  # the shipped function's values
     report = Path(artifact(outputs, "trl-finetune-2", "report")["uri"]).read_text()
     assert "Sampled completions" in report and "<th>exact_sum</th>" in report
-    assert 0 <= metric_values(outputs, "evaluate-model-2")["exact_match"] <= 1 and "promote-model" in outputs
+    card = Path(artifact(outputs, "promote-model", "card")["uri"]).read_text()
+    assert f"| exact_match | {sft['exact_match']} | {grpo_eval['exact_match']} |" in card
 
 
 @pytest.mark.slow
