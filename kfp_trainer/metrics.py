@@ -142,6 +142,9 @@ def _from_mapping(data: dict[str, Any], numerals: bool = False) -> list[MetricPo
     return points
 
 
+_OUR_NOTICE = "[kfp-trainer] "  # what this package's trainers and steps say about themselves (tracking, errors)
+
+
 def is_log_line(line: str) -> bool:
     """Whether ``line`` is one that a library or runtime logs, or code, a repr or a printed setting: it holds no metric.
 
@@ -162,7 +165,11 @@ def is_log_line(line: str) -> bool:
         True
         >>> is_log_line("host-0:57:80 [0] NCCL INFO Channel 00/02 : 0 1 nranks=2"), is_log_line("epoch 3: loss=0.52 accuracy=0.91")
         (True, False)
+        >>> is_log_line("[kfp-trainer] MLflow run r1: params not logged (lr=0.2 was logged before)")  # this package's own notices
+        True
     """
+    if line.startswith(_OUR_NOTICE):
+        return True
     cut = line.find("=")
     brace = line.find("{")
     if brace != -1 and (cut == -1 or brace < cut):

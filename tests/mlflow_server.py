@@ -91,7 +91,7 @@ def start(root: Path, *, host: str = "127.0.0.1", timeout: float = 180.0) -> Mlf
     env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner: seven worker processes (~1.5 GB) the tests never use
     argv = [executable, "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination",
             str(root / "artifacts"), "--host", host, "--port", str(port), "--workers", "1",
-            "--allowed-hosts", f"{host},{host}:{port},localhost,localhost:{port}"]  # its Host check refuses other addresses  # fmt: skip
+            "--allowed-hosts", f"{host},{host}:*,localhost,localhost:{port}"]  # its Host check: a proxy on another port too  # fmt: skip
     log = open(root / "server.log", "w")  # noqa: SIM115 - the server writes to it until stopped
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True)
     server = MlflowServer(f"http://{host}:{port}", root, process)

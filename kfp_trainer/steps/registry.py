@@ -110,13 +110,11 @@ def _files_run(client: Any, target: Target, training_run: str, step_key: str, na
     if target.run_id:
         return target.run_id
     experiment = target.experiment_id or client.experiment_id(target.experiment_name)
-    from ..tracking.registry import STEP_TAG, quote
+    from ..tracking.registry import STEP_TAG
 
-    found = client.search_runs([experiment], f"tags.`{STEP_TAG}` = '{quote(step_key)}'", max_results=1)
-    if found:
-        return str(found[0]["info"]["run_id"])
     tags = {STEP_TAG: step_key, "mlflow.source.type": "JOB", "mlflow.source.name": "kfp-trainer register_model"}
-    return str(client.create_run(experiment, name=f"register {name}", tags=tags)["run_id"])
+    info, _ = client.find_or_create_run(experiment, name=f"register {name}", tags=tags, key=STEP_TAG)  # one run per step, over retries
+    return str(info["run_id"])
 
 
 def run_register_model(

@@ -95,6 +95,16 @@ def pairs(values: Mapping[str, Any], limit: int) -> list[dict[str, str]]:
     return out
 
 
+def quote(value: str) -> str:
+    r"""``value`` inside single quotes of an MLflow search filter.
+
+    Example:
+        >>> print(quote("it's"))
+        it\'s
+    """
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
 class MlflowClient:
     """Calls to one MLflow tracking server. See the module docstring.
 
@@ -173,36 +183,50 @@ class MlflowClient:
         return context
 
     def request(
-        self, method: str, url_path: str, *, body: bytes | None = None, query: Mapping[str, Any] | None = None, content_type: str = ""
-    ) -> bytes:
-        """One HTTP request to the server (retried as the class says); the answer's body."""
+        self, method: str, url_path: str, *, body: bytes | Path | None = None, query: Mapping[str, Any] | None = None,
+        content_type: str = "", attempts: int = 0,
+    ) -> bytes:  # fmt: skip
+        """One HTTP request to the server (tried ``attempts`` times, default the client's, as the class says); the answer's body.
+
+        A ``Path`` body is streamed from the file (read again from its start on each try), never
+        held in memory whole: a checkpoint or a dataset uploaded as an artifact can be larger
+        than the step's memory.
+        """
         url = self.uri + url_path
         if query:
             url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v not in (None, "")}, doseq=True)
         endpoint = f"{method} {url_path}"
-        for attempt in range(1, self.attempts + 1):
+        tries = attempts or self.attempts
+        for attempt in range(1, tries + 1):
             headers = self._headers()
             if content_type:
                 headers["Content-Type"] = content_type
-            req = urllib.request.Request(url, data=body, method=method, headers=headers)
+            stream, data = None, body  # type: Any, Any
             try:
+                if isinstance(body, Path):
+                    data = stream = body.open("rb")
+                    headers["Content-Length"] = str(os.fstat(stream.fileno()).st_size)
+                req = urllib.request.Request(url, data=data, method=method, headers=headers)
                 with urllib.request.urlopen(req, timeout=self.timeout, context=self._context()) as answer:
                     content: bytes = answer.read()
                     return content
             except urllib.error.HTTPError as e:
                 text = e.read(4096).decode("utf-8", "replace")
-                if e.code in _RETRY_STATUS and attempt < self.attempts:
+                if e.code in _RETRY_STATUS and attempt < tries:
                     self._sleep(self.backoff * 2 ** (attempt - 1))
                     continue
                 raise self._refusal(e.code, text, endpoint) from None
             except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as e:
-                if attempt < self.attempts:
+                if attempt < tries:
                     self._sleep(self.backoff * 2 ** (attempt - 1))
                     continue
                 reason = getattr(e, "reason", e)
                 raise MlflowUnreachable(
-                    f"MLflow at {self.uri} did not answer {endpoint} after {self.attempts} tries: {reason}", endpoint=endpoint
+                    f"MLflow at {self.uri} did not answer {endpoint} after {tries} tries: {reason}", endpoint=endpoint
                 ) from None
+            finally:
+                if stream is not None:
+                    stream.close()
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def _refusal(self, status: int, text: str, endpoint: str) -> MlflowError:
@@ -218,11 +242,13 @@ class MlflowClient:
         return cls(f"MLflow at {self.uri} refused {endpoint}: {what}: {message}", status=status, code=code, endpoint=endpoint)
 
     def call(
-        self, method: str, endpoint: str, body: Mapping[str, Any] | None = None, *, query: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
-        """A JSON call to ``/api/2.0/mlflow/<endpoint>``; the decoded answer."""
+        self, method: str, endpoint: str, body: Mapping[str, Any] | None = None, *, query: Mapping[str, Any] | None = None,
+        attempts: int = 0,
+    ) -> dict[str, Any]:  # fmt: skip
+        """A JSON call to ``/api/2.0/mlflow/<endpoint>``; the decoded answer (``attempts``: as :meth:`request`)."""
         data = json.dumps(body).encode() if body is not None else None
-        raw = self.request(method, API + endpoint, body=data, query=query, content_type="application/json" if data else "")
+        kind = "application/json" if data else ""
+        raw = self.request(method, API + endpoint, body=data, query=query, content_type=kind, attempts=attempts)
         answer: dict[str, Any] = json.loads(raw) if raw.strip() else {}
         return answer
 
@@ -247,12 +273,31 @@ class MlflowClient:
         run: dict[str, Any] = self.call("GET", "runs/get", query={"run_id": run_id})["run"]
         return run
 
-    def create_run(self, experiment_id: str, *, name: str, tags: Mapping[str, str]) -> dict[str, Any]:
-        """A new RUNNING run; its ``info``."""
+    def create_run(self, experiment_id: str, *, name: str, tags: Mapping[str, str], attempts: int = 0) -> dict[str, Any]:
+        """A new RUNNING run; its ``info``. ``attempts`` (default: the client's) tries of a server that does not answer."""
         body = {"experiment_id": experiment_id, "run_name": name, "start_time": int(time.time() * 1000),
                 "tags": pairs(tags, MAX_TAG_VALUE)}  # fmt: skip
-        info: dict[str, Any] = self.call("POST", "runs/create", body)["run"]["info"]
+        info: dict[str, Any] = self.call("POST", "runs/create", body, attempts=attempts)["run"]["info"]
         return info
+
+    def find_or_create_run(self, experiment_id: str, *, name: str, tags: Mapping[str, str], key: str) -> tuple[dict[str, Any], bool]:
+        """The run of ``experiment_id`` whose tag ``key`` has the value ``tags[key]``, else a new one: ``(info, found)``.
+
+        Never two runs for one key: a create whose answer was lost (a timeout, a 5xx after the
+        server stored the run) is not sent again blindly; the run is looked up by its tag first.
+        """
+        wanted = f"tags.`{key}` = '{quote(tags[key])}'"
+        for attempt in range(1, self.attempts + 1):
+            found = self.search_runs([experiment_id], wanted, max_results=1)
+            if found:
+                return dict(found[0]["info"]), attempt == 1  # after a lost answer: the run this call made
+            try:
+                return self.create_run(experiment_id, name=name, tags=tags, attempts=1), False
+            except MlflowUnreachable:
+                if attempt == self.attempts:
+                    raise
+                self._sleep(self.backoff * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def update_run(self, run_id: str, status: str, *, end: bool = True) -> None:
         """Set a run's status (``RUNNING``, ``FINISHED``, ``FAILED``, ``KILLED``); a final one gets an end time."""
@@ -314,5 +359,5 @@ class MlflowClient:
         for file in files:
             rel = file.name if source.is_file() else file.relative_to(source).as_posix()
             target = self.artifact_url_path(artifact_uri, f"{path}/{rel}" if path else rel)
-            self.request("PUT", target, body=file.read_bytes(), content_type="application/octet-stream")
+            self.request("PUT", target, body=file, content_type="application/octet-stream")
         return len(files)

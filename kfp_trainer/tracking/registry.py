@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .client import MlflowClient, MlflowError, pairs
+from .client import MlflowClient, MlflowError, pairs, quote
 
 STEP_TAG = "kfp_trainer.step"  # the registering step's key: one version per step, whatever its retries
 MAX_TAG = 5000  # model version tag values (MLflow's limit)
@@ -55,16 +55,6 @@ def is_local_path(uri: str) -> bool:
     """
     scheme = urlsplit(uri).scheme
     return scheme in ("", "file") or (len(scheme) == 1 and uri[1:3] in (":\\", ":/"))  # a Windows drive letter
-
-
-def quote(value: str) -> str:
-    r"""``value`` inside single quotes of an MLflow search filter.
-
-    Example:
-        >>> print(quote("it's"))
-        it\'s
-    """
-    return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def ensure_model(client: MlflowClient, name: str, *, description: str = "", tags: Mapping[str, str] | None = None) -> bool:

@@ -53,6 +53,8 @@ CREDENTIALS = (TOKEN, USERNAME, PASSWORD)
 KUBERNETES_AUTH = ("kubernetes", "kubernetes-namespaced")
 #: Where a step logs without an experiment of its own (``mlflow_experiment``, ``MLFLOW_EXPERIMENT_*``).
 DEFAULT_EXPERIMENT = "kfp-trainer"
+# How long the end of a trainer (default 30 s) or of a step (default 120 s) waits for MLflow to take what is queued.
+FLUSH_SECONDS = "KFP_TRAINER_MLFLOW_FLUSH_SECONDS"
 #: Every variable of the tracking client: none of them changes what a TrainJob runs.
 PREFIX = "MLFLOW_"
 
@@ -254,3 +256,17 @@ def merge_env(env: Any, items: list[dict[str, str]]) -> Any:
         return env  # not an env: left for validation to name
     names = {i["name"] for i in items}
     return [i for i in current if not (isinstance(i, Mapping) and i.get("name") in names)] + items
+
+
+def flush_seconds(env: Mapping[str, str], default: float) -> float:
+    """The wait for MLflow at the end (``KFP_TRAINER_MLFLOW_FLUSH_SECONDS``, seconds, 0 or more), else ``default``.
+
+    Example:
+        >>> flush_seconds({"KFP_TRAINER_MLFLOW_FLUSH_SECONDS": "5"}, 30.0), flush_seconds({"KFP_TRAINER_MLFLOW_FLUSH_SECONDS": "x"}, 30.0)
+        (5.0, 30.0)
+    """
+    try:
+        value = float(env.get(FLUSH_SECONDS, "") or default)
+    except ValueError:
+        return default
+    return value if value >= 0 and value == value and value != float("inf") else default

@@ -9,8 +9,12 @@ nodes, queue), the seconds queued, starting and running, the final metrics it pa
 preemptions and the HTML report. The run ends ``FINISHED``, ``FAILED``, or ``KILLED`` when the
 step was cancelled.
 
-Tracking never fails a step: the first problem (the server unreachable, a refusal) is one
-warning in the step's log and the step goes on without it.
+Tracking never fails a step, and never holds it up while the job runs: once the run is open,
+the writes go to a background sender (:mod:`.sender`) that keeps them while the server does not
+answer and sends them when it answers again. At the end, the final metrics, the report and the
+run's status wait for the server up to ``KFP_TRAINER_MLFLOW_FLUSH_SECONDS`` (120 s; 5 s for a
+cancelled step, which has a grace period to keep). A server that cannot be reached when the run
+is opened, or a refusal, is one warning in the step's log and the step goes on without it.
 """
 
 from __future__ import annotations
@@ -61,14 +65,16 @@ class StepTracking:
     """One step's MLflow run; every method a no-op once tracking is off. See the module docstring."""
 
     def __init__(self, target: settings.Target | None = None, client: MlflowClient | None = None, run: StepRun | None = None,
-                 *, say: Callable[[str], None] = print) -> None:  # fmt: skip
+                 *, say: Callable[[str], None] = print, flush_seconds: float = 120.0) -> None:  # fmt: skip
         self.target, self.client, self.run = target, client, run
         self.say = say
+        self.flush_seconds = flush_seconds
+        self.sender: Any = None
 
     @property
     def enabled(self) -> bool:
-        """Whether the step logs to MLflow (a server, a run, no problem so far)."""
-        return self.client is not None and self.run is not None
+        """Whether the step logs to MLflow (a server, a run, no refusal so far)."""
+        return self.client is not None and self.run is not None and self.sender is not None and self.sender.enabled
 
     @classmethod
     def open(
@@ -101,12 +107,15 @@ class StepTracking:
         from .client import MlflowClient, MlflowError
 
         client = (client_factory or MlflowClient)(target.uri, env=combined, workspace=target.workspace, timeout=20.0, attempts=2)
-        tracking = cls(target, client, say=say)
+        tracking = cls(target, client, say=say, flush_seconds=settings.flush_seconds(process_env, 120.0))
         try:
             tracking.run = tracking._open_run(identity)
         except (MlflowError, OSError, ValueError, KeyError) as e:
             tracking._off(e)
             return tracking
+        from .sender import Sender
+
+        tracking.sender = Sender(client, tracking.run.run_id, say=lambda text: say(f"warning: {text}"))
         for note in settings.credential_notes(target, process_env=process_env, task_env=env):
             say(f"MLflow: {note}")
         run = tracking.run
@@ -132,18 +141,15 @@ class StepTracking:
             client.log_batch(run.run_id, tags={k: v for k, v in tags.items() if not k.startswith("mlflow.")})
             return run
         experiment_id = target.experiment_id or client.experiment_id(target.experiment_name, tags=EXPERIMENT_TAGS)
-        key = identity.get("key", "")
-        from .registry import quote
-
-        found = client.search_runs([experiment_id], f"tags.`{TASK_TAG}` = '{quote(key)}'", max_results=1) if key else []
-        if found:
-            info = found[0]["info"]
-            run = StepRun(str(info["run_id"]), experiment_id, str(info.get("artifact_uri", "")), continued=True)
-            client.update_run(run.run_id, "RUNNING")
-            return run
         name = "/".join(p for p in (identity.get("pipeline_name", ""), identity.get("task_name", "")) if p) or "train-job"
-        info = client.create_run(experiment_id, name=name, tags=tags)
-        return StepRun(str(info["run_id"]), experiment_id, str(info.get("artifact_uri", "")))
+        if not tags.get(TASK_TAG):
+            info = client.create_run(experiment_id, name=name, tags=tags)
+            return StepRun(str(info["run_id"]), experiment_id, str(info.get("artifact_uri", "")))
+        info, earlier = client.find_or_create_run(experiment_id, name=name, tags=tags, key=TASK_TAG)  # one run per task, over retries
+        run = StepRun(str(info["run_id"]), experiment_id, str(info.get("artifact_uri", "")), continued=earlier)
+        if earlier:
+            client.update_run(run.run_id, "RUNNING")
+        return run
 
     def _off(self, error: BaseException) -> None:
         """Turn tracking off after its first problem, with one warning."""
@@ -151,15 +157,11 @@ class StepTracking:
         self.say(f"warning: MLflow tracking is off for the rest of this step ({uri}): {redact_text(str(error))}; the training goes on")
         self.client = None
 
-    def _try(self, what: Callable[[], Any]) -> None:
-        if not self.enabled:
-            return
-        from .client import MlflowError
-
-        try:
-            what()
-        except (MlflowError, OSError, ValueError, KeyError, TypeError) as e:
-            self._off(e)
+    def _end(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the queued writes to reach the server, then stop sending."""
+        sender, self.sender = self.sender, None
+        if sender is not None:
+            sender.close(timeout)
 
     # ----------------------------------------------------------------- the step's stages
 
@@ -205,8 +207,7 @@ class StepTracking:
             "started by kfp-trainer; its trainer logs into this run from rank 0."
         )
         if self.enabled:
-            client, run_id = self.client, self.run.run_id  # type: ignore[union-attr]
-            self._try(lambda: client.log_batch(run_id, tags={k: v for k, v in tags.items() if v}))  # type: ignore[union-attr]
+            self.sender.tags({k: v for k, v in tags.items() if v})
 
     def finished(
         self, outcome: Any, *, metrics: Mapping[str, Any], report: str | Path | None, files: Mapping[str, str | Path] | None = None,
@@ -228,20 +229,21 @@ class StepTracking:
             "kfp_trainer.queue": getattr(outcome, "queue", ""), "kfp_trainer.log_lines": str(getattr(outcome, "log_lines", 0)),
             "kfp_trainer.adopted": str(bool(getattr(outcome, "adopted", False))).lower(),
         }  # fmt: skip
-        self._try(lambda: client.log_batch(run_id, metrics=values, tags={k: v for k, v in tags.items() if v}))
-        if report and Path(report).is_file():
-            self._try(lambda: self._upload(report, "report.html"))
-        for name, local in sorted((files or {}).items()):
+        self.sender.metrics(values)
+        self.sender.tags({k: v for k, v in tags.items() if v})
+        uploads = {"report.html": report} if report else {}
+        for name, local in {**uploads, **dict(sorted((files or {}).items()))}.items():
             if Path(local).is_file():
-                self._try(lambda name=name, local=local: self._upload(local, name))  # type: ignore[misc]
-        self._try(lambda: client.update_run(run_id, "FINISHED"))
+                self.sender.call(lambda name=name, local=local: self._upload(local, name), f"the upload of {name}")
+        self.sender.call(lambda: client.update_run(run_id, "FINISHED"), "the run's status FINISHED")
+        self._end(self.flush_seconds)
 
     def _upload(self, local: str | Path, name: str) -> None:
         assert self.client is not None and self.run is not None
         uri = self.run.artifact_uri or self.client.get_run(self.run.run_id)["info"]["artifact_uri"]
         path = self.client.artifact_url_path(uri, name)
         kind = {".html": "text/html", ".jsonl": "application/x-ndjson", ".json": "application/json"}.get(Path(name).suffix, "text/plain")
-        self.client.request("PUT", path, body=Path(local).read_bytes(), content_type=kind)
+        self.client.request("PUT", path, body=Path(local), content_type=kind)  # streamed from the file
 
     def failed(self, error: BaseException) -> None:
         """The run ``FAILED`` (``KILLED`` for a cancelled step), with what happened as a tag."""
@@ -251,8 +253,9 @@ class StepTracking:
         client, run_id = self.client, self.run.run_id
         status = "KILLED" if isinstance(error, (CancelledError, KeyboardInterrupt)) else "FAILED"
         message = redact_text(f"{type(error).__name__}: {error}")[:2000]
-        self._try(lambda: client.log_batch(run_id, tags={"kfp_trainer.error": message}))
-        self._try(lambda: client.update_run(run_id, status))
+        self.sender.tags({"kfp_trainer.error": message})
+        self.sender.call(lambda: client.update_run(run_id, status), f"the run's status {status}")
+        self._end(min(self.flush_seconds, 5.0) if status == "KILLED" else self.flush_seconds)  # a cancel has a grace period to keep
 
     @contextmanager
     def ending(self) -> Iterator[StepTracking]:

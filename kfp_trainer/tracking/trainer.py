@@ -8,8 +8,11 @@ line they print (:func:`kfp_trainer.trainers._common.emit`): its numbers become 
 metrics the run also gets system tags: the trainer, the host, the world size, Python's and
 torch's versions, the device. Without those variables, or on another rank, every call is a no-op.
 
-A trainer never fails for tracking: the first problem is one warning on stderr and logging
-stops; a params conflict (an earlier try logged other values) only skips the params.
+Logging never waits on the server: the writes go to a background sender (:mod:`.sender`), which
+batches them, keeps them while the server does not answer, and sends them when it answers again;
+at the trainer's exit it waits for them up to ``KFP_TRAINER_MLFLOW_FLUSH_SECONDS`` (30 s). A
+trainer never fails for tracking: a refusal is one warning on stderr and logging stops; a params
+conflict (an earlier try logged other values) only skips the params.
 
 Example:
     >>> logger = RunLogger(env={"RANK": "0"})  # no MLFLOW_TRACKING_URI / MLFLOW_RUN_ID
@@ -23,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import platform
@@ -72,26 +76,30 @@ class RunLogger:
 
     Args:
         env: The environment to read (default ``os.environ``).
-        client_factory: Makes the REST client (a test hook).
-        warn: Writes the one warning (default: a line on stderr).
+        client: The REST client (default: a :class:`~kfp_trainer.tracking.client.MlflowClient` of ``MLFLOW_TRACKING_URI``).
+        warn: Writes a line (default: on stderr).
+        at_exit: Flush at the interpreter's exit (what a trainer wants; not a logger made for a test).
     """
 
     def __init__(
-        self, *, env: Mapping[str, str] | None = None, client_factory: Callable[..., Any] | None = None,
-        warn: Callable[[str], None] | None = None,
+        self, *, env: Mapping[str, str] | None = None, client: Any = None, warn: Callable[[str], None] | None = None,
+        at_exit: bool = True,
     ) -> None:  # fmt: skip
         env = os.environ if env is None else env
         self.run_id = (env.get(settings.RUN_ID) or "").strip()
         uri = (env.get(settings.TRACKING_URI) or "").strip()
-        self.client: Any = None
-        if self.run_id and uri.startswith(("http://", "https://")) and reporting_rank(env):
-            if client_factory is None:
-                from .client import MlflowClient
-
-                client_factory = MlflowClient
-            self.client = client_factory(uri, env=env, timeout=10.0, attempts=2)
         self._env = env
-        self._warn = warn or (lambda text: print(f"[kfp-trainer] warning: {text}", file=sys.stderr, flush=True))
+        self._warn = warn or (lambda text: print(f"[kfp-trainer] {text}", file=sys.stderr, flush=True))
+        self.flush_seconds = settings.flush_seconds(env, 30.0)
+        self.sender: Any = None
+        if self.run_id and uri.startswith(("http://", "https://")) and reporting_rank(env):
+            from .client import MlflowClient
+            from .sender import Sender
+
+            # One try per request: the sender keeps what a server that does not answer missed, and tries again.
+            self.sender = Sender(client or MlflowClient(uri, env=env, timeout=10.0, attempts=1), self.run_id, say=self._warn)
+            if at_exit:
+                atexit.register(self.close)
         self._lock = threading.Lock()
         self._tagged = False
         self._trainer = ""
@@ -99,29 +107,8 @@ class RunLogger:
 
     @property
     def enabled(self) -> bool:
-        """Whether this process logs (rank 0, a run to log into, no problem so far)."""
-        return self.client is not None
-
-    def _call(self, what: Callable[[], Any], *, params: bool = False) -> bool:
-        from .client import MlflowError
-
-        try:
-            what()
-            return True
-        except MlflowError as e:
-            if params and e.code == "INVALID_PARAMETER_VALUE":  # an earlier try of the step logged other values
-                self._warn(f"MLflow run {self.run_id}: params not logged ({e})")
-                return False
-            self._off(e)
-        except (OSError, ValueError, TypeError) as e:
-            self._off(e)
-        return False
-
-    def _off(self, error: BaseException) -> None:
-        from ..redaction import redact_text
-
-        self._warn(f"MLflow logging is off for this trainer: {redact_text(str(error))}; training goes on")
-        self.client = None
+        """Whether this process logs (rank 0, a run to log into, no refusal so far)."""
+        return self.sender is not None and self.sender.enabled
 
     def _system_tags(self, trainer: str) -> dict[str, str]:
         torch = sys.modules.get("torch")
@@ -137,25 +124,17 @@ class RunLogger:
                 pass
         return {k: v for k, v in tags.items() if v}
 
-    def _tag_once(self) -> bool:
-        """The system tags, with the first metrics (torch is loaded by then: its version and device count)."""
-        if self._tagged:
-            return True
-        self._tagged = True
-        tags = self._system_tags(self._trainer or os.path.basename(sys.argv[0] or "trainer"))
-        return self._call(lambda: self.client.log_batch(self.run_id, tags=tags))
-
     def log_params(self, params: Mapping[str, Any], *, trainer: str = "") -> bool:
-        """Log the trainer's settings (``trainer`` names it in the system tags); True when stored."""
+        """Queue the trainer's settings (``trainer`` names it in the system tags); True when queued."""
         if not self.enabled:
             return False
         with self._lock:
             self._trainer = trainer or self._trainer
             shown = {str(k): v for k, v in params.items() if v is not None and not callable(v)}
-            return self._call(lambda: self.client.log_batch(self.run_id, params=_scrubbed(shown)), params=True)
+            return bool(self.sender.params(_scrubbed(shown)))
 
     def log_record(self, record: Mapping[str, Any]) -> bool:
-        """Log the numbers of one JSON line as metrics at its step (the last step seen when it has none)."""
+        """Queue the numbers of one JSON line as metrics at its step (the last step seen when it has none); never waits on the server."""
         if not self.enabled:
             return False
         step, numbers = metrics_of(record)
@@ -164,12 +143,19 @@ class RunLogger:
         from .client import metric
 
         with self._lock:
-            if not self._tag_once():
-                return False
+            if not self._tagged:  # with the first metrics: torch is loaded by then (its version, the device)
+                self._tagged = True
+                self.sender.tags(self._system_tags(self._trainer or os.path.basename(sys.argv[0] or "trainer")))
             if step is not None:
                 self._last_step = step
-            values = [metric(k, v, step=self._last_step) for k, v in numbers.items()]
-            return self._call(lambda: self.client.log_batch(self.run_id, metrics=values))
+            return bool(self.sender.metrics([metric(k, v, step=self._last_step) for k, v in numbers.items()]))
+
+    def close(self) -> bool:
+        """Wait for what is queued to reach the server (``KFP_TRAINER_MLFLOW_FLUSH_SECONDS``, default 30 s); True when it all did."""
+        if self.sender is None:
+            return True
+        sender, self.sender = self.sender, None
+        return bool(sender.close(self.flush_seconds))
 
 
 def _scrubbed(params: Mapping[str, Any]) -> dict[str, Any]:

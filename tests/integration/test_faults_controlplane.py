@@ -19,7 +19,6 @@ from urllib.parse import urlparse
 import pytest
 from faults import Output, api_via, kubeconfig_via, leftovers, relayed, start_launch, trainjob_name
 from k8s_objects import recording
-from tcp_proxy import TcpProxy
 from testcluster import PodScript
 
 from kfp_trainer.backends.kube import lifecycle
@@ -29,6 +28,7 @@ from kfp_trainer.errors import TimeLimitError
 from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(300)
 LINES = [f"step {i:02d} loss={1 / (i + 1):.4f}" for i in range(30)]

@@ -21,7 +21,6 @@ from faults import api_via, leftovers, relayed
 from helpers import condition, get_trainjob, wait_for
 from k8s_objects import Recording, recording
 from kubernetes import client
-from tcp_proxy import TcpProxy
 from testcluster import PodScript
 
 from kfp_trainer import spec
@@ -32,6 +31,7 @@ from kfp_trainer.errors import CancelledError
 from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(240)
 RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac.yaml"

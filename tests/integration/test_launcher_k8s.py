@@ -21,7 +21,6 @@ import pytest
 from faults import api_via
 from helpers import wait_for
 from kubernetes import client
-from tcp_proxy import TcpProxy
 from testcluster import PodScript
 
 from kfp_trainer import spec
@@ -42,6 +41,7 @@ from kfp_trainer.jobstatus import JobRef
 from kfp_trainer.launcher import Launcher, LaunchOptions
 from kfp_trainer.prepare import prepare
 from kfp_trainer.spec import TrainJobInputs
+from tests.tcp_proxy import TcpProxy
 
 REPO = Path(__file__).resolve().parents[2]
 OLDER = REPO.parent / "shared" / "kubeflow-trainer-older"

@@ -15,6 +15,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 import uuid
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -198,6 +199,54 @@ def test_a_cancelled_step_ends_its_run_killed(tmp_path, mlflow_server, experimen
     assert isinstance(error, CancelledError) and fake.deleted
     [run] = mlflow_server.runs(experiment)
     assert run["info"]["status"] == "KILLED"
+
+
+@pytest.mark.slow
+def test_a_tracker_that_hangs_mid_training_loses_nothing_and_the_run_still_ends_finished(tmp_path, monkeypatch, mlflow_server, experiment):
+    """The real server behind a proxy that holds every request from the TrainJob's start until 20 s later.
+
+    The trainer (2 real nodes, digits) logs its epochs and exits while MLflow does not answer;
+    what it queued and the step's final metrics, report and status reach the server once it answers.
+    """
+    from kfp_trainer.backends import select_backend
+    from tests.tcp_proxy import TcpProxy
+
+    host, port = mlflow_server.url.removeprefix("http://").split(":")
+    proxy = TcpProxy(host, int(port))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", proxy.url)
+    monkeypatch.setenv("KFP_TRAINER_LOCAL_ROOT", str(tmp_path / "trainjobs"))
+
+    def hang_when_the_trainjob_starts() -> None:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "trainjobs").rglob("trainjob.json")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proxy.hang()
+        time.sleep(20)  # past the trainer's end, and past its 10 s request timeout: it sees the server not answering
+        proxy.answer()
+
+    watcher = threading.Thread(target=hang_when_the_trainjob_starts, daemon=True)
+    watcher.start()
+    data = tmp_path / "digits"
+    digits.prepare(data)
+    try:
+        outcome, log = run_step(
+            tmp_path / "step", select_backend("local"), runtime="torch-distributed", num_nodes=2, num_proc_per_node="1",
+            command=["torchrun", "-m", "kfp_trainer.trainers.digits", "train"],
+            args=["--dataset-dir", str(data), "--output-dir", str(tmp_path / "out"), "--epochs", "3", "--hidden", "8"],
+        )  # fmt: skip
+    finally:
+        watcher.join(timeout=120)
+        proxy.close()
+    assert not isinstance(outcome, Exception), log
+    [node_log] = (tmp_path / "trainjobs").rglob("node-0.log")
+    said = node_log.read_text()
+    assert "MLflow is not answering" in said and "MLflow answers again after" in said, said  # rank 0 said so
+    [run] = mlflow_server.runs(experiment)
+    assert run["info"]["status"] == "FINISHED" and params_of(run)["epochs"] == "3"
+    assert {"val_accuracy", "running_seconds", "preemptions"} <= set(metrics_of(run))
+    logged = [m["step"] for m in mlflow_server.metric_history(run["info"]["run_id"], "val_loss")]
+    assert sorted(set(logged)) == [1, 2, 3] and logged.count(1) == logged.count(2) == 1  # each epoch once: none lost, none twice
+    assert mlflow_server.artifacts(run["info"]["run_id"]) == ["report.html"]
 
 
 def test_an_unreachable_server_is_one_warning_and_the_step_goes_on(tmp_path, monkeypatch):

@@ -1,8 +1,11 @@
-"""A loopback TCP proxy whose connections a test can cut (watch/log disconnects) or slow down.
+"""A loopback TCP proxy whose connections a test can cut (watch/log disconnects), slow down, or hold unanswered.
 
 ``delay`` is latency, not a bandwidth limit: every chunk is passed on ``delay`` seconds after
 it arrived, in order, in both directions, so a request and its answer each take that much
 longer, as behind a slow link or an overloaded API server. It may be changed at any time.
+While the proxy is :meth:`~TcpProxy.hang`-ed, new connections are accepted and then held, not
+passed on, until :meth:`~TcpProxy.answer`: the client sees a server that takes its request and
+never replies, as a stuck one does.
 """
 
 from __future__ import annotations
@@ -28,7 +31,24 @@ class TcpProxy:
         self.lock = threading.Lock()
         self.severed = 0
         self.closed = False
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._open = threading.Event()  # set: new connections go through
+        self._open.set()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def hang(self) -> None:
+        """From now on, connections are accepted and held without an answer."""
+        self._open.clear()
+
+    def answer(self) -> None:
+        """Held and new connections go through again."""
+        self._open.set()
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _accept(self) -> None:
         while not self.closed:
@@ -36,16 +56,27 @@ class TcpProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            try:
-                upstream = socket.create_connection(self.target, timeout=10)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            with self.lock:
-                self.connections += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            if self._open.is_set():
+                self._connect(client)
+            else:
+                threading.Thread(target=self._connect, args=(client, True), daemon=True).start()
+
+    def _connect(self, client: socket.socket, held: bool = False) -> None:
+        if held:
+            self._open.wait()
+        if self.closed:
+            client.close()
+            return
+        try:
+            upstream = socket.create_connection(self.target, timeout=10)
+        except OSError:
+            client.close()
+            return
+        upstream.settimeout(None)
+        with self.lock:
+            self.connections += [client, upstream]
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         pending: queue.Queue[tuple[float, bytes]] = queue.Queue()
@@ -98,5 +129,6 @@ class TcpProxy:
 
     def close(self) -> None:
         self.closed = True
+        self._open.set()
         self.listener.close()
         self.sever()
