@@ -80,17 +80,21 @@ class KubernetesBackend(Backend):
     ) -> KubernetesBackend:
         """Backend for the cluster of the pod's service account or the kubeconfig.
 
-        ``fail_fast`` (the command line): raise a one-line
-        :class:`~kfp_trainer.errors.ClusterUnreachableError` when no cluster is configured or
-        its API server does not answer the first request, instead of retrying; jobs go to
-        ``kubeconfig``'s context namespace unless ``namespace`` is given. The connection is
-        bounded (a connect timeout); a stop signal waits for it, and ``stop`` (the run's token)
-        makes a failure to connect after a stop signal a cancel, not an unreachable cluster.
+        Given a ``kubeconfig``, jobs go to its current context's namespace unless ``namespace``
+        is given (never the pod's or the default kubeconfig's). ``fail_fast`` (the command
+        line): raise a one-line :class:`~kfp_trainer.errors.ClusterUnreachableError` when no
+        cluster is configured or its API server does not answer the first request, instead of
+        retrying. The connection is bounded (a connect timeout); a stop signal waits for it, and
+        ``stop`` (the run's token) makes a failure to connect after a stop signal a cancel, not
+        an unreachable cluster.
         """
-        if fail_fast:
-            from .kube.connect import connect, kubeconfig_namespace
+        from .kube.connect import kubeconfig_namespace
 
-            kwargs.setdefault("namespace", kubeconfig_namespace(kubeconfig))
+        if kwargs.get("namespace") is None:
+            kwargs["namespace"] = kubeconfig_namespace(kubeconfig)
+        if fail_fast:
+            from .kube.connect import connect
+
             token = stop or Stop()
             try:
                 api = connect(kubeconfig, stopped=token.check)

@@ -240,3 +240,21 @@ def test_key_data_goes_to_a_private_temporary_file_removed_when_the_process_ends
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["mode"] == stat.S_IRUSR | stat.S_IWUSR  # 0600 while the process runs
     assert not Path(seen["key"]).exists()  # the library's exit hook removed it
+
+
+def test_every_path_given_a_kubeconfig_takes_its_namespace_never_the_pods_or_the_default_kubeconfigs(tmp_path, monkeypatch):
+    from kfp_trainer.backends import select_backend
+    from kfp_trainer.backends.kube import discovery
+    from kfp_trainer.backends.kubernetes import KubernetesBackend
+
+    given = write(tmp_path, {"token": "t"}, namespace="team-given", name="given")
+    monkeypatch.setenv("KUBECONFIG", str(write(tmp_path, {"token": "t"}, namespace="team-default", name="default-config")))
+    pod_namespace = tmp_path / "sa-namespace"
+    pod_namespace.write_text("pod-namespace")
+    monkeypatch.setattr(discovery, "SA_NAMESPACE", pod_namespace)  # as inside a launcher pod
+    assert KubernetesBackend.from_config().default_namespace() == "pod-namespace"  # nothing given: the pod's
+    assert KubernetesBackend.from_config(str(given)).default_namespace() == "team-given"
+    assert KubernetesBackend.from_config(kubeconfig=str(given), namespace="asked").default_namespace() == "asked"
+    assert select_backend("kubernetes", kubeconfig=str(given)).default_namespace() == "team-given"
+    nameless = write(tmp_path, {"token": "t"}, name="nameless")
+    assert KubernetesBackend.from_config(str(nameless)).default_namespace() == "default"  # its context names none: not the pod's
