@@ -184,7 +184,10 @@ class TrainJobInputs(BaseModel):
         """Build from keyword inputs, turning type errors into :class:`InvalidSpecErrors`.
 
         ``None`` means "not set" for every input, so optional component inputs can be
-        passed straight through. Errors never show a secret-like value.
+        passed straight through. Numbers and booleans in ``command``, ``args`` and ``env``
+        values become text (:func:`normalize_values`): the rule of every entry point (the
+        components, :func:`~kfp_trainer.spec.build_trainjob`, the command line, the launcher),
+        which all come through here. Errors never show a secret-like value.
 
         Example:
             >>> TrainJobInputs.parse(num_nodes=True)
@@ -193,7 +196,7 @@ class TrainJobInputs(BaseModel):
             kfp_trainer.errors.InvalidSpecErrors: 1 invalid input(s):
               - num_nodes: got True; expected a whole number, not a boolean
         """
-        given = {k: v for k, v in inputs.items() if v is not None}
+        given = normalize_values({k: v for k, v in inputs.items() if v is not None})  # the one rule of every entry point
         unknown = sorted(set(given) - set(cls.model_fields))
         errors = [ValidationError(k, given[k], f"one of the known inputs ({', '.join(sorted(cls.model_fields))})") for k in unknown]
         if errors:
@@ -222,7 +225,7 @@ class TrainJobInputs(BaseModel):
         if unknown:
             known = ", ".join(sorted(fields))
             raise InvalidSpecErrors([ValidationError(k, values[k], f"one of the known inputs ({known})") for k in unknown])
-        given = {k: v if v is not None else fields[k].get_default(call_default_factory=True) for k, v in values.items()}
+        given = {k: v if v is not None else fields[k].get_default(call_default_factory=True) for k, v in normalize_values(values).items()}
         out = self.model_copy(deep=True)
         validator = type(self).__pydantic_validator__
         errors: list[ValidationError] = []

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidSpecErrors
-from .inputs import ApiVersion, TrainJobInputs, normalize_values
+from .inputs import ApiVersion, TrainJobInputs
 from .validate import checked_build
 
 
@@ -78,4 +78,4 @@ def build_trainjob(*, api_version: ApiVersion = "v2.2", **inputs: Any) -> dict[s
         >>> m["spec"]["trainer"]["env"], m["spec"]["trainer"]["args"]
         ([{'name': 'EPOCHS', 'value': '3'}], ['--lr', '0.1'])
     """
-    return render(TrainJobInputs.parse(**normalize_values(inputs)), api_version=api_version)
+    return render(TrainJobInputs.parse(**inputs), api_version=api_version)
