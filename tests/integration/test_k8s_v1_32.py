@@ -7,7 +7,7 @@ kube-scheduler v1.32.2, the same etcd, KWOK and Trainer/JobSet controllers, no r
 1.32 serves streaming lists (WatchList, beta, on by default): the fixture checks that first,
 then restarts the API server with ``WatchList=false`` -- the default of 1.33 and of a cluster
 that turned the gate off -- so that every test here runs the launcher's list + watch fallback
-against a real server, and checks (``watch.list_counts``) that no streaming list got through.
+against a real server, and checks (the client's ``lists.counts``) that no streaming list got through.
 The launcher, lifecycle and log tests below are the 1.36 ones, run again here.
 """
 
@@ -43,7 +43,7 @@ from testcluster.binaries import OLD_KUBE_VERSION
 
 from kfp_trainer.backends.kube.apierrors import APIUnprocessableEntityError
 from kfp_trainer.backends.kube.client import Client
-from kfp_trainer.backends.kube.watch import INITIAL_EVENTS, list_counts, streaming_lists_refused, watch
+from kfp_trainer.backends.kube.watch import INITIAL_EVENTS, streaming_lists_refused, watch
 
 pytestmark = pytest.mark.timeout(180)
 OLD = OLD_KUBE_VERSION
@@ -61,9 +61,9 @@ _DEFAULT_GATES: dict[str, object] = {}  # what the 1.32 server did with its own 
 
 def _streaming_list(api) -> dict[str, int]:
     """How a watch with a streaming list listed the default namespace's config maps (counts)."""
-    before = dict(list_counts)
+    before = dict(api.lists.counts)
     next(e for e in watch(api, "/api/v1/namespaces/default/configmaps", [], initial_events=True, timeout_seconds=5) if e)
-    return {k: list_counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
+    return {k: api.lists.counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
 
 
 def _launch_with_default_gates(api, kube: Client) -> dict[str, object]:
@@ -72,9 +72,9 @@ def _launch_with_default_gates(api, kube: Client) -> dict[str, object]:
     ns = "v1-32-default-gates"
     core.create_namespace({"metadata": {"name": ns}})
     wait_for(lambda: core.list_namespaced_service_account(ns).items, what="default service account")
-    before = dict(list_counts)
+    before = dict(kube.lists.counts)
     outcome, out = launch(kube, inputs(ns), PodScript(lines=["step 1", "done"]))
-    done = {k: list_counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
+    done = {k: kube.lists.counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
     return {"succeeded": outcome.succeeded, "relayed": "done" in out, **done}
 
 
@@ -142,14 +142,14 @@ def lists_instead_of_streaming_lists(request, cluster, kube_client):
     """No streaming list gets through; the launcher's caches were refused one (this test, or
     an earlier one with the same client: the refusal is remembered per client) and listed.
     A failed test gets this cluster's component log tails (conftest's are the 1.36 cluster's)."""
-    before = dict(list_counts)
+    before = dict(kube_client.lists.counts)  # every backend a test builds runs on this client (conftest)
     yield
     report = getattr(request.node, "report_call", None)  # set by conftest
     if report is not None and report.failed:
         for name, path in sorted(cluster.component_logs().items()):
             if name in ("controllers", "podscript", "kwok-controller", "kube-controller-manager", "kube-apiserver"):
                 print(f"--- {name} ({path})\n" + "".join(path.read_text(errors="replace").splitlines(True)[-20:]))
-    done = {k: list_counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
+    done = {k: kube_client.lists.counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
     assert done["streaming"] == 0, done
     if request.node.name in LAUNCHER_TESTS and report is not None and report.passed:
         assert done["list"] >= 1 and (done["refused"] >= 1 or streaming_lists_refused(kube_client)), done

@@ -9,7 +9,7 @@ import urllib3
 
 from kfp_trainer.backends.kube.api import RetryPolicy
 from kfp_trainer.backends.kube.apierrors import TransportError, api_error
-from kfp_trainer.backends.kube.client import Stream
+from kfp_trainer.backends.kube.client import ListStats, Stream
 from kfp_trainer.backends.kube.watch import Handle, wait_gone, watch
 from kfp_trainer.errors import InfraError
 
@@ -46,6 +46,7 @@ class FakeApi:
     def __init__(self, script) -> None:
         self.script = list(script)
         self.requests: list[dict] = []
+        self.lists = ListStats()
 
     def request(self, method, path, *, query=None, stream=False, **kwargs):
         self.requests.append({"path": path, "method": method, **{k: str(v) for k, v in dict(query or []).items()}})

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -231,6 +232,25 @@ class FirstContact:
     failed: Callable[[TransportError], BaseException]
 
 
+class ListStats:
+    """How the watches on one client listed: whether its server refused a streaming list, and how often each way.
+
+    ``counts``: ``streaming`` (a streaming list came to its end), ``list`` (a list request),
+    ``refused`` (the server refused a streaming list). :mod:`.watch` keeps it; a caller reads it
+    to tell how a server was listed (diagnostics, and what the tests check against a real server).
+    """
+
+    def __init__(self) -> None:
+        self.streaming_refused = False
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def count(self, kind: str) -> None:
+        """One more list of that ``kind``."""
+        with self._lock:
+            self.counts[kind] += 1
+
+
 class Client:
     """Requests to one API server with one set of credentials (read again once after a 401).
 
@@ -245,6 +265,7 @@ class Client:
         self._generation = 0
         self._lock = threading.Lock()
         self._first_contact = first_contact
+        self.lists = ListStats()  # how its watches listed (kube.watch)
 
     @property
     def credentials(self) -> Credentials:

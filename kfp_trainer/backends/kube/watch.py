@@ -27,8 +27,6 @@ import logging
 import math
 import threading
 import time
-import weakref
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,21 +46,11 @@ Event = tuple[str, dict[str, Any]]
 STREAM_ERRORS = (TransportError, ValueError)  # no answer, a cut stream, or a garbled line: reconnect
 INITIAL_EVENTS = [("sendInitialEvents", "true"), ("resourceVersionMatch", "NotOlderThan")]
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
-_LISTS_ONLY: weakref.WeakSet[Any] = weakref.WeakSet()  # API clients whose server refused a streaming list
-# How this process's watches listed: "streaming" (a streaming list came to its end), "list" (a
-# list request), "refused" (a server refused a streaming list). For diagnostics and the tests.
-list_counts: Counter[str] = Counter()
-_COUNTS_LOCK = threading.Lock()
-
-
-def _count(kind: str) -> None:
-    with _COUNTS_LOCK:
-        list_counts[kind] += 1
 
 
 def streaming_lists_refused(api: ApiClient) -> bool:
     """Whether the server of ``api`` refused a streaming list (its watches list instead)."""
-    return api in _LISTS_ONLY
+    return bool(api.lists.streaming_refused)
 
 
 class Handle:
@@ -166,9 +154,9 @@ def watch(
     failures = 0
     while not handle.closed:
         try:
-            if at.version is None and (not initial_events or api in _LISTS_ONLY):
+            if at.version is None and (not initial_events or api.lists.streaming_refused):
                 items, at.version = list_objects(api, path, selectors, policy=policy)
-                _count("list")
+                api.lists.count("list")
                 yield "LIST", {"items": items}
                 continue
             response = _open(api, path, selectors, at, timeout_seconds)
@@ -176,7 +164,7 @@ def watch(
                 continue
             failures = 0  # the server answered: whatever came before was not a lasting failure
             handle.attach(response)
-            yield from _stream(path, response, at)
+            yield from _stream(api, path, response, at)
             if not handle.closed:
                 yield None
         except Gone as e:
@@ -219,12 +207,12 @@ def _open(api: ApiClient, path: str, selectors: list[tuple[str, str]], at: _Posi
         if not isinstance(translate(e, f"watch {path}"), RejectedError):
             raise
         log.info("watch %s: the server refused a streaming list; listing", path)
-        _LISTS_ONLY.add(api)
-        _count("refused")
+        api.lists.streaming_refused = True
+        api.lists.count("refused")
         return None
 
 
-def _stream(path: str, response: Any, at: _Position) -> Iterator[Event]:
+def _stream(api: ApiClient, path: str, response: Any, at: _Position) -> Iterator[Event]:
     """The events of one open stream, ``at`` kept current; a streaming list becomes one ``LIST``."""
     for kind, obj in decode(response):
         if kind == "ERROR":
@@ -235,7 +223,7 @@ def _stream(path: str, response: Any, at: _Position) -> Iterator[Event]:
             elif kind == "BOOKMARK" and ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
                 at.version = _version(obj, "") or None
                 items, at.initial = at.initial, None
-                _count("streaming")
+                api.lists.count("streaming")
                 yield "LIST", {"items": items}
             continue
         at.version = _version(obj, at.version or "")
