@@ -117,9 +117,6 @@ def task_config_passthroughs(component: Any) -> list[Any]:
     return list(getattr(component.component_spec, "task_config_passthroughs", None) or [])
 
 
-_CLASSES: dict[tuple[type, str], type] = {}
-
-
 def extend(obj: Any, mark: str, members: dict[str, Any]) -> bool:
     """Give ``obj`` (a component) a subclass of its class with ``members``, once per class and ``mark``.
 
@@ -131,8 +128,10 @@ def extend(obj: Any, mark: str, members: dict[str, Any]) -> bool:
     cls = type(obj)
     if getattr(cls, mark, False):
         return False
-    key = (cls, mark)
-    if key not in _CLASSES:
-        _CLASSES[key] = type(cls.__name__, (cls,), {**members, "__module__": cls.__module__, mark: True})
-    obj.__class__ = _CLASSES[key]
+    kept = f"_extended_{mark}"  # the subclass, made once, kept on the class it extends (not in a module-level registry)
+    extended = cls.__dict__.get(kept)
+    if extended is None:
+        extended = type(cls.__name__, (cls,), {**members, "__module__": cls.__module__, mark: True})
+        setattr(cls, kept, extended)
+    obj.__class__ = extended
     return True
