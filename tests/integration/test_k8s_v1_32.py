@@ -41,7 +41,7 @@ from test_lifecycle_k8s import (  # noqa: F401
 from testcluster import PodScript
 from testcluster.binaries import OLD_KUBE_VERSION
 
-from kfp_trainer.backends.kube.apierrors import APIUnprocessableEntityError
+from kfp_trainer.backends.kube.apierrors import APIError
 from kfp_trainer.backends.kube.client import Client
 from kfp_trainer.backends.kube.watch import INITIAL_EVENTS, streaming_lists_refused, watch
 
@@ -173,9 +173,10 @@ def test_with_its_default_gates_1_32_runs_the_launcher_on_streaming_lists():
 
 def test_with_watchlist_off_a_streaming_list_is_refused_with_422_and_the_watch_lists(kube_client):
     query = [("watch", "true"), ("allowWatchBookmarks", "true"), *INITIAL_EVENTS, ("resourceVersion", "")]
-    with pytest.raises(APIUnprocessableEntityError) as info:
+    with pytest.raises(APIError) as info:
         kube_client.request("GET", "/api/v1/namespaces/default/configmaps", query=query, timeout=10, stream=True)
-    assert info.value.reason == "Invalid" and "unless the WatchList feature gate is enabled" in info.value.message
+    assert (info.value.status, info.value.reason) == (422, "Invalid")
+    assert "unless the WatchList feature gate is enabled" in info.value.message
     with cluster_api(kube_client) as fresh:
         assert _streaming_list(fresh) == {"streaming": 0, "list": 1, "refused": 1}
         assert streaming_lists_refused(fresh)

@@ -3,10 +3,11 @@
 An answer outside 2xx becomes an :class:`APIError` carrying the HTTP ``status``, and from the
 server's ``Status`` object its ``reason`` (``NotFound``, ``AlreadyExists``, ``Conflict``,
 ``Expired``, ``Invalid``, ``Forbidden``, ``BadRequest`` ...), ``message`` and ``details``
-(``kind``, ``name``, ``causes``). :func:`api_error` picks the class, in one place:
-:class:`APIClientError` for 4xx with a leaf for each answer a caller branches on (400, 401,
-403, 404, 409, 410, 422, 429), :class:`APIServerError` for 5xx. Callers branch on these fields,
-never on the text of a message.
+(``kind``, ``name``, ``causes``), and ``retry_after``. It is the client's report of the answer,
+one type for every status: what a caller catches is what :func:`.api.translate` makes of it
+(:mod:`.api`: ``NotFound``, ``Conflict``, ``Gone``, and the package's ``RejectedError``,
+``ForbiddenError``, ``InfraError``), typed by what the caller does about it; the answer rides
+along as their ``answer``.
 
 A request that got no answer (refused, reset, timed out, a TLS failure, a stream cut short) is
 a :class:`TransportError`; the HTTP library's own exceptions never leave the client.
@@ -15,7 +16,7 @@ Example:
     >>> e = api_error(404, b'{"kind": "Status", "reason": "NotFound", "message": "trainjobs x not found",'
     ...                    b' "details": {"name": "x", "kind": "trainjobs"}}')
     >>> type(e).__name__, e.status, e.reason, e.details["name"]
-    ('APINotFoundError', 404, 'NotFound', 'x')
+    ('APIError', 404, 'NotFound', 'x')
 """
 
 from __future__ import annotations
@@ -66,58 +67,6 @@ class APIError(Exception):
         return f"({self.status}{' ' + self.reason if self.reason else ''}) {self.explanation()}"
 
 
-class APIClientError(APIError):
-    """A 4xx answer: the request was refused."""
-
-
-class APIServerError(APIError):
-    """A 5xx answer: the server (or something behind it) failed."""
-
-
-class APIBadRequestError(APIClientError):
-    """400: the body did not decode (a strict decoding error names the unknown fields)."""
-
-
-class APIUnauthorizedError(APIClientError):
-    """401: the credentials were not accepted."""
-
-
-class APIForbiddenError(APIClientError):
-    """403: not allowed (RBAC), or refused by an admission webhook, a policy or a quota."""
-
-
-class APINotFoundError(APIClientError):
-    """404: no such object, or no such kind served."""
-
-
-class APIConflictError(APIClientError):
-    """409: the object already exists, or a precondition or an update's resourceVersion did not hold."""
-
-
-class APIGoneError(APIClientError):
-    """410: the resourceVersion asked for is too old (``Expired``): list again."""
-
-
-class APIUnprocessableEntityError(APIClientError):
-    """422: the object is invalid (``Invalid``; ``causes`` name the fields)."""
-
-
-class APITooManyRequestsError(APIClientError):
-    """429: the server is throttling; ``retry_after`` says for how long."""
-
-
-_LEAVES: dict[int, type[APIError]] = {
-    400: APIBadRequestError,
-    401: APIUnauthorizedError,
-    403: APIForbiddenError,
-    404: APINotFoundError,
-    409: APIConflictError,
-    410: APIGoneError,
-    422: APIUnprocessableEntityError,
-    429: APITooManyRequestsError,
-}
-
-
 def api_error(status: int, body: bytes | str | Mapping[str, Any] | None, retry_after: str | None = None) -> APIError:
     """The error for an answer with ``status`` and ``body`` (a ``Status`` object, or any text).
 
@@ -131,9 +80,8 @@ def api_error(status: int, body: bytes | str | Mapping[str, Any] | None, retry_a
     else:
         text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
         reason, message, details = "", " ".join(text.split())[:2000], None
-    cls = _LEAVES.get(status) or (APIClientError if 400 <= status < 500 else APIServerError if status >= 500 else APIError)
-    return cls(status, reason=reason, message=message, details=details if isinstance(details, Mapping) else None,
-               retry_after=_seconds(retry_after))  # fmt: skip
+    return APIError(status, reason=reason, message=message, details=details if isinstance(details, Mapping) else None,
+                    retry_after=_seconds(retry_after))  # fmt: skip
 
 
 def from_status(obj: Mapping[str, Any]) -> APIError:
