@@ -5,7 +5,8 @@ answer time to every step (and, with DDP, every rank waits for rank 0). A :class
 the writes of one run (metrics, tags, params, and any other call such as an upload or the final
 status) and returns at once. One background thread sends them in the order they came: the
 metrics and tags queued one after the other go out as one ``log-batch`` (up to the API's
-limits), so a slow server gets fewer, larger requests instead of a queue of small ones.
+limits), at most one a second unless a flush asks for them, so a server gets few, larger
+requests instead of one per line, fast or slow.
 
 * A server that does not answer (connection refused, a timeout, 429/5xx) loses nothing: the
   writes stay queued and are sent again, with a growing pause (at most ``retry_max`` seconds),
@@ -77,17 +78,22 @@ class Sender:
         say: Writes one line (a warning, or the server answering again).
         max_points: Metric values kept while the server does not answer; the oldest go first past that.
         retry_max: The longest pause between two tries of a server that does not answer.
+        linger: Seconds a request waits after the previous one for more writes to go with it
+            (unless 1000 metric values are waiting, or a flush): a fast server gets a request a
+            second, not one per line, and spends its CPU (a core the trainer may share) accordingly.
         start: Start the thread now (else :meth:`start`).
     """
 
     def __init__(
         self, client: Any, run_id: str, *, say: Callable[[str], None], max_points: int = 200_000, retry_max: float = 15.0,
-        start: bool = True,
+        linger: float = 1.0, start: bool = True,
     ) -> None:  # fmt: skip
         self.client, self.run_id = client, run_id
         self._say = say
         self.max_points = max_points
         self.retry_max = retry_max
+        self.linger = linger
+        self._last_sent = float("-inf")
         self._queue: collections.deque[_Write] = collections.deque()
         self._points = 0  # metric values queued
         self.dropped = 0  # metric values dropped for the bound
@@ -226,11 +232,15 @@ class Sender:
             with self._lock:
                 while not self._queue and not self._stopping:
                     self._lock.wait()
+                until = self._last_sent + self.linger  # gather what comes meanwhile into the same request
+                while not (self._hurry or self._stopping) and self._points < _MAX_METRICS and until > time.monotonic():
+                    self._lock.wait(until - time.monotonic())
                 if not self._queue or self._stopping or self._off:
                     return
                 count, write = self._take()
                 self._busy = count
             try:
+                self._last_sent = time.monotonic()
                 self._send(write)
             except (MlflowUnreachable, OSError, TimeoutError) as e:  # not answering: keep everything, try again
                 with self._lock:
@@ -266,6 +276,8 @@ class Sender:
                 self._points -= len(self._queue.popleft().metrics)
             self.delivered += count
             self._busy = 0
+            if not self._queue:
+                self._hurry = False  # the flush that asked is served: the next writes gather again
             self._lock.notify_all()
 
     def _refused(self, error: BaseException) -> None:
