@@ -10,10 +10,12 @@ collector and Job controller.
 
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
 import time
+import weakref
 from typing import Any
 
 from helpers import wait_for  # noqa: F401  (re-exported for the tests that import it from here)
@@ -45,9 +47,23 @@ class InertBackend(KubernetesBackend):
         return super().submit(inert(manifest), runtime=runtime, stop=stop)
 
 
+# Every backend client the tests made, for what their watches did together (each client counts its own: ``api.lists``).
+MADE: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
 def kube_client(kubeconfig: str) -> Client:
     """The backend's own client for ``kubeconfig``: its credentials read as a launch reads them."""
-    return Client(from_kubeconfig(kubeconfig))
+    api = Client(from_kubeconfig(kubeconfig))
+    MADE.add(api)
+    return api
+
+
+def list_counts() -> collections.Counter[str]:
+    """How the watches of every client the tests made listed, summed (``streaming``, ``list``, ``refused``)."""
+    total: collections.Counter[str] = collections.Counter()
+    for api in list(MADE):
+        total.update(api.lists.counts)
+    return total
 
 
 class Recording(Client):
@@ -56,6 +72,7 @@ class Recording(Client):
 
     def __init__(self, api: Client, before=None) -> None:
         super().__init__(api.credentials)
+        MADE.add(self)
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.refused: list[tuple[int, str, str]] = []  # (status, method, path) of failed requests
         self.before = before

@@ -19,6 +19,7 @@ import time
 import pytest
 import testcluster
 from helpers import wait_for
+from k8s_objects import MADE, list_counts
 from k8s_objects import kube_client as kube_client_for
 from kubernetes import client
 
@@ -142,17 +143,17 @@ def lists_instead_of_streaming_lists(request, cluster, kube_client):
     """No streaming list gets through; the launcher's caches were refused one (this test, or
     an earlier one with the same client: the refusal is remembered per client) and listed.
     A failed test gets this cluster's component log tails (conftest's are the 1.36 cluster's)."""
-    before = dict(kube_client.lists.counts)  # every backend a test builds runs on this client (conftest)
+    before = dict(list_counts())  # every client the tests made: the session's and a test's own (through a proxy)
     yield
     report = getattr(request.node, "report_call", None)  # set by conftest
     if report is not None and report.failed:
         for name, path in sorted(cluster.component_logs().items()):
             if name in ("controllers", "podscript", "kwok-controller", "kube-controller-manager", "kube-apiserver"):
                 print(f"--- {name} ({path})\n" + "".join(path.read_text(errors="replace").splitlines(True)[-20:]))
-    done = {k: kube_client.lists.counts[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
+    done = {k: list_counts()[k] - before.get(k, 0) for k in ("streaming", "list", "refused")}
     assert done["streaming"] == 0, done
     if request.node.name in LAUNCHER_TESTS and report is not None and report.passed:
-        assert done["list"] >= 1 and (done["refused"] >= 1 or streaming_lists_refused(kube_client)), done
+        assert done["list"] >= 1 and (done["refused"] >= 1 or any(streaming_lists_refused(c) for c in list(MADE))), done
 
 
 def test_the_cluster_runs_kubernetes_1_32(cluster, api_client):
