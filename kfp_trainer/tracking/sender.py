@@ -49,9 +49,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..redaction import redact_text
-
-# Per-request limits of MLflow's log-batch (as tracking.client has them; not imported: a trainer imports this first).
-_MAX_METRICS, _MAX_TAGS = 1000, 100
+from .client import MAX_METRICS as _MAX_METRICS
+from .client import MAX_TAGS as _MAX_TAGS
 
 
 @dataclass
