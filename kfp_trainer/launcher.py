@@ -410,8 +410,9 @@ class Launcher:
             diagnosis = self._diagnose(handle, {} if times.started else follow.blockers)
             raise TimeLimitError(f"TrainJob {handle.ref} {limit[1]}", reason=limit[0], diagnosis=diagnosis)
         waiting = times.state in ("queued", PREEMPTED)
-        if now - follow.last_check >= options.blocker_check_interval and not follow.remote and (waiting or not times.started):
+        if now - follow.last_check >= options.blocker_check_interval and not follow.remote:
             follow.last_check = now
+            self._notes(handle.pod_notes)
             if waiting:
                 self._queue_notes(handle, follow.queue)
             if not times.started:
@@ -470,13 +471,17 @@ class Launcher:
         return note
 
     def _queue_notes(self, handle: JobHandle, queue: str) -> None:  # what the queue says (Kueue's Workload events), each once
+        self._notes(handle.queue_notes, f"queue {queue or '?'}: ")
+
+    def _notes(self, notes: Callable[[], list[str]], prefix: str = "") -> None:
+        """Say each of ``notes()`` (what the queue or the pods tell)."""
         try:
-            for note in handle.queue_notes():
-                self.say(f"queue {queue or '?'}: {note}")
+            for note in notes():
+                self.say(prefix + note)
         except CancelledError:
             raise
-        except Exception as e:  # what the queue says is a courtesy: never fail the step for it
-            log.debug("queue notes unavailable: %s", e)
+        except Exception as e:  # notes are a courtesy: never fail the step for them
+            log.debug("notes unavailable: %s", e)
 
     def _check_blockers(self, handle: JobHandle, seen: dict[str, float], now: float) -> None:
         current = handle.blockers()

@@ -212,6 +212,10 @@ class JobHandle(abc.ABC):
         """What the job's queue (Kueue) reported since the last call, each message once. Default: none."""
         return []
 
+    def pod_notes(self) -> list[str]:
+        """What happened to the job's pods since the last call (a pod replaced, a container restarted), each once. Default: none."""
+        return []
+
     @abc.abstractmethod
     def follow_logs(self, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
         """Send the trainer's log lines to ``sink`` until the job ends or ``stop`` is set.

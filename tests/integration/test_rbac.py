@@ -120,8 +120,10 @@ def test_the_manifest_is_least_privilege_by_construction():
             assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
             assert "secrets" not in rule["resources"]
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
-    expected = {"apiGroups": ["trainer.kubeflow.org"], "resources": ["clustertrainingruntimes"], "verbs": ["get", "list"]}
-    assert cluster_role["rules"] == [expected]
+    assert cluster_role["rules"] == [
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["clustertrainingruntimes"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},  # a starting pod's node: is it ready?
+    ]
 
 
 def test_pipeline_runner_can_launch_follow_and_delete_trainjobs_in_its_namespace(runner, runner_kube, namespace):
@@ -145,6 +147,7 @@ def test_pipeline_runner_can_launch_follow_and_delete_trainjobs_in_its_namespace
     ):
         assert can(runner, namespace, verb, resource, group, sub), (verb, resource, sub)
     assert can(runner, None, "list", "clustertrainingruntimes", GROUP)
+    assert can(runner, None, "get", "nodes")
     client.CoreV1Api(runner).list_namespaced_pod(namespace)
     client.CoreV1Api(runner).list_namespaced_event(namespace)
     co.delete_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name)
@@ -169,6 +172,7 @@ def test_pipeline_runner_cannot_touch_other_namespaces_secrets_or_cluster_object
         assert not can(runner, namespace, "delete", "pods")
         assert not can(runner, namespace, "create", "trainingruntimes", GROUP)
         assert not can(runner, None, "create", "clustertrainingruntimes", GROUP)
+        assert not can(runner, None, "list", "nodes") and not can(runner, None, "patch", "nodes")
         assert not can(runner, other, "list", "pods")
         assert not can(runner, other, "get", "trainjobs", GROUP)
     finally:

@@ -33,10 +33,16 @@ class Cache:
 
 
 class Tracker:
-    def __init__(self, events=(), pods=(), workload_events=None):
+    def __init__(self, events=(), pods=(), workload_events=None, nodes=None):
         self.ref = REF
         self._events, self._pods = Cache(events), Cache(pods)
         self._workload = None if workload_events is None else Cache(workload_events)
+        self.nodes = nodes or {}  # node -> why it is not ready ("" ready)
+        self.nodes_read: list[str] = []
+
+    def node_not_ready(self, name):
+        self.nodes_read.append(name)
+        return self.nodes.get(name, "")
 
     def watching_queue(self):
         return self._workload is not None
@@ -214,3 +220,18 @@ def test_never_fits_reads_kueues_reasons():
     assert never_fits(TOO_BIG)
     assert never_fits("couldn't assign flavors to pod set node: resource nvidia.com/gpu unavailable in ClusterQueue")
     assert not never_fits(BUSY) and not never_fits(TOO_BIG + "; " + BUSY.split(": ", 1)[1])
+
+
+def test_a_pending_pod_on_a_node_that_is_not_ready_names_the_node_and_why_and_is_waited_out():
+    bound = {"metadata": {"name": "train-abc-node-0-0-x"}, "spec": {"nodeName": "gpu-1"},
+             "status": {"phase": "Pending", "containerStatuses": [{"name": "node", "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+    running = {"metadata": {"name": "train-abc-node-0-1-y"}, "spec": {"nodeName": "gpu-2"}, "status": {"phase": "Running"}}
+    tracker = Tracker(pods=[bound, running], nodes={"gpu-1": "NodeStatusUnknown: Kubelet stopped posting node status."})
+    [found] = blockers(tracker)
+    assert (found.reason, found.fatal) == ("NodeNotReady", False)  # a node can come back: waited out by blocker_grace
+    assert found.message == (
+        "pod train-abc-node-0-0-x is on node gpu-1, which is not ready: NodeStatusUnknown: Kubelet stopped posting node status."
+    )
+    assert tracker.nodes_read == ["gpu-1"]  # only where a pending pod waits
+    tracker.nodes = {}
+    assert blockers(tracker) == []

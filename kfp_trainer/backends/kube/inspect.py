@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ...errors import UserError
+from ...errors import ForbiddenError, UserError
 from ...jobstatus import JobRef
 from ...kube_types import Event, Pod
 from ..base import Blocker
@@ -40,6 +40,7 @@ from .api import RetryPolicy, call
 from .cache import ObjectCache
 from .leftovers import JOBSET_LABEL
 from .paths import events as events_path
+from .paths import node as node_path
 from .paths import pod_log, pods, trainjobs
 
 if TYPE_CHECKING:
@@ -132,6 +133,8 @@ class JobTracker:
         self._events: ObjectCache[Event] | None = None
         self._workload_events: ObjectCache[Event] | None = None
         self.queue_said: set[tuple[str, str]] = set()  # (reason, message) of the queue notes already reported
+        self.history = PodHistory()
+        self.nodes_readable = True  # False once reading a node was refused (no ``get nodes`` right)
 
     def pods(self) -> ObjectCache[Pod]:
         """The job's pods (started on first use)."""
@@ -145,6 +148,10 @@ class JobTracker:
                 policy=self.policy,
                 name=f"pods-{self.ref.name}",
             ).start()
+        return self._pods
+
+    def watched_pods(self) -> ObjectCache[Pod] | None:
+        """The job's pods if they are watched already; None (and no watch started) otherwise."""
         return self._pods
 
     def events(self) -> ObjectCache[Event]:
@@ -185,6 +192,24 @@ class JobTracker:
         """Whether the Workload's events are watched (the launcher asked for the queue's notes)."""
         return self._workload_events is not None and not self._workload_events.closed
 
+    def suspended(self) -> None:
+        """The job was suspended (queued, preempted): its pods end, and none is said to be replaced."""
+        if self._pods is not None:
+            self.history.forget(self._pods.objects())
+
+    def node_not_ready(self, name: str) -> str:
+        """Why node ``name`` is not ready ("" when it is, cannot be read, or reading nodes is not allowed)."""
+        if not self.nodes_readable:
+            return ""
+        try:
+            found = call(self.api.request, "GET", node_path(name), what=f"read node {name}", policy=self.policy)
+        except ForbiddenError:  # reading nodes is an extra right (deploy/rbac.yaml): without it, say nothing
+            self.nodes_readable = False
+            return ""
+        except Exception:  # noqa: BLE001 - a blocker's detail is a courtesy
+            return ""
+        return not_ready(found)
+
     def started(self) -> None:
         """The trainer runs: blockers and the queue no longer matter, stop watching events."""
         for cache in (self._events, self._workload_events):
@@ -213,6 +238,10 @@ def blockers(tracker: JobTracker, *, wait: float = 5.0) -> list[Blocker]:
             )
     for pod in pods.objects():
         found += pod_blockers(pod)
+    for pod_name, node in pending_on_nodes(pods.objects()):
+        why = tracker.node_not_ready(node)
+        if why:
+            found.append(Blocker("NodeNotReady", f"pod {pod_name} is on node {node}, which is not ready: {why}"))
     if tracker.watching_queue():
         found += quota_blockers(tracker.workload_events().objects())
     unique: dict[str, Blocker] = {}
@@ -237,6 +266,18 @@ def queue_notes(tracker: JobTracker, *, wait: float = 5.0) -> list[str]:
             message = preemption_note(key[1], _trainjob_names(tracker)) if key[0] == "Preempted" else key[1]
             notes.append(f"{key[0]}: {message}".strip(": "))
     return notes
+
+
+def pod_notes(tracker: JobTracker) -> list[str]:
+    """Which of the job's pods were replaced, or restarted their containers, since the last call (:class:`PodHistory`).
+
+    Read from the pod watch the log followers (or the blocker checks) keep; none is started for
+    it, so a launcher that follows no log makes no request for these notes and says none.
+    """
+    pods = tracker.watched_pods()
+    if pods is None or not pods.synced.is_set():
+        return []
+    return tracker.history.notes(pods.objects())
 
 
 def preemption_note(message: str, names: dict[str, str]) -> str:
@@ -322,6 +363,149 @@ def pod_blockers(pod: Pod) -> list[Blocker]:
                 )
             )
     return found
+
+
+def pending_on_nodes(pods: list[Pod]) -> list[tuple[str, str]]:
+    """``(pod, node)`` for each Pending pod that is bound to a node (each node once): where a node's state can hold a start."""
+    found: dict[str, str] = {}
+    for pod in pods:
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if node and (pod.get("status") or {}).get("phase") == "Pending" and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            found.setdefault(node, str(pod["metadata"].get("name") or ""))
+    return [(pod, node) for node, pod in found.items()]
+
+
+def not_ready(node: dict[str, Any]) -> str:
+    """Why a node (as stored) is not ready, and since when; "" when its ``Ready`` condition is True.
+
+    Example:
+        >>> not_ready({"status": {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+        ...     "message": "Kubelet stopped posting node status.", "lastTransitionTime": "2026-12-07T10:00:00Z"}]}})
+        'NodeStatusUnknown: Kubelet stopped posting node status. (since 2026-12-07T10:00:00Z)'
+        >>> not_ready({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        ''
+    """
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            if condition.get("status") == "True":
+                return ""
+            why = f"{condition.get('reason') or 'NotReady'}: {condition.get('message') or ''}".strip(": ")
+            since = condition.get("lastTransitionTime")
+            return why + (f" (since {since})" if since else "")
+    return "it reports no Ready condition"
+
+
+def _slot(pod: Pod) -> str:
+    """The place a pod fills in its job: ``node-0`` (replicated job and completion index; the job index when not 0)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    job = labels.get("jobset.sigs.k8s.io/replicatedjob-name") or "pod"
+    job_index = labels.get("jobset.sigs.k8s.io/job-index") or "0"
+    index = labels.get("batch.kubernetes.io/job-completion-index") or "0"
+    return f"{job}-{index}" if job_index == "0" else f"{job}-{job_index}-{index}"
+
+
+def _ended(pod: Pod, gone: bool) -> str:
+    """How a pod ended, from the last state seen of it (``gone``: it has been deleted since)."""
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            return f"{condition.get('reason')}: {condition.get('message') or ''}".strip(": ")
+    if status.get("reason"):  # Evicted (node pressure), NodeLost, ...
+        return f"{status['reason']}: {status.get('message') or ''}".strip(": ")
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term and term.get("exitCode"):
+            return f"container {cs.get('name')} exit {term.get('exitCode')} ({term.get('reason')})"
+    if gone or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "deleted"
+    return str(status.get("phase") or "ended").lower()
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+class PodHistory:
+    """What became of a job's pods, told once each: a pod replaced by a new one, a container restarted.
+
+    A Job replaces a pod that was deleted, evicted or failed with a new pod of the same
+    completion index; a pod with ``restartPolicy: OnFailure`` restarts its container instead.
+    :meth:`notes` compares the pods it is given with those of the calls before: a new pod in
+    the place (:func:`_slot`) of one seen in an earlier call replaces it. Pods a suspension
+    ends (:meth:`forget`) are not said to be replaced when the job is admitted again: the
+    queue's notes tell that story.
+
+    Example:
+        >>> def pod(uid, **status):
+        ...     labels = {"jobset.sigs.k8s.io/replicatedjob-name": "node", "batch.kubernetes.io/job-completion-index": "0"}
+        ...     return {"metadata": {"uid": uid, "name": f"tj-node-0-0-{uid}", "labels": labels}, "status": status}
+        >>> history = PodHistory()
+        >>> history.notes([pod("a", phase="Running")])
+        []
+        >>> history.notes([pod("a", phase="Failed", reason="Evicted", message="The node was low on resource: memory."),
+        ...                pod("b", phase="Pending")])  # doctest: +NORMALIZE_WHITESPACE
+        ['node-0: pod tj-node-0-0-a ended before its job (Evicted: The node was low on resource: memory.);
+          pod tj-node-0-0-b takes its place, the 2nd pod of node-0 (a trainer that saves checkpoints resumes from its last one)']
+    """
+
+    def __init__(self) -> None:
+        self.last: dict[str, Pod] = {}  # uid -> the pod as last seen
+        self.slots: dict[str, list[str]] = {}  # slot -> uids of its pods, in the order seen
+        self.closed: set[str] = set()  # uids whose end was told (or is not to be)
+        self.restarts: dict[str, int] = {}  # uid -> container restarts told
+
+    def forget(self, pods: list[Pod]) -> None:
+        """The job was suspended: ``pods`` (and those seen before) end without a note."""
+        for pod in pods:
+            self._see(pod)
+        self.closed.update(self.last)
+
+    def _see(self, pod: Pod) -> bool:
+        """Remember ``pod``; True when it was not seen before."""
+        uid = str(pod["metadata"].get("uid") or pod["metadata"].get("name"))
+        new = uid not in self.last
+        self.last[uid] = pod
+        if new:
+            self.slots.setdefault(_slot(pod), []).append(uid)
+            self.restarts[uid] = _restarts(pod)
+        return new
+
+    def notes(self, pods: list[Pod]) -> list[str]:
+        """What changed since the last call, each told once."""
+        before = set(self.last)
+        present = {str(p["metadata"].get("uid") or p["metadata"].get("name")) for p in pods}
+        said = []
+        ordered = sorted(pods, key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""), str(p["metadata"].get("name"))))
+        for pod in ordered:
+            uid = str(pod["metadata"].get("uid") or pod["metadata"].get("name"))
+            slot = _slot(pod)
+            if self._see(pod):
+                for old in self.slots[slot][:-1]:
+                    if old in before and old not in self.closed:
+                        self.closed.add(old)
+                        count = len(self.slots[slot])
+                        said.append(
+                            f"{slot}: pod {self.last[old]['metadata'].get('name')} ended before its job "
+                            f"({_ended(self.last[old], old not in present)}); pod {pod['metadata'].get('name')} takes its place, "
+                            f"the {_ordinal(count)} pod of {slot} (a trainer that saves checkpoints resumes from its last one)"
+                        )
+            restarts = _restarts(pod)
+            if restarts > self.restarts[uid]:
+                self.restarts[uid] = restarts
+                said.append(f"{slot}: pod {pod['metadata'].get('name')} restarted its container ({_last_exit(pod)}), restart {restarts}")
+        return said
+
+
+def _restarts(pod: Pod) -> int:
+    return sum(int(cs.get("restartCount") or 0) for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+def _last_exit(pod: Pod) -> str:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("lastState") or {}).get("terminated")
+        if term:
+            return f"{cs.get('name')} exit {term.get('exitCode')} ({term.get('reason')})"
+    return "reason not reported"
 
 
 class Failure(NamedTuple):

@@ -129,6 +129,8 @@ class KubeJob(JobHandle):
                 last = status
                 if status.phase is Phase.RUNNING:
                     self.tracker().started()
+                elif status.phase is Phase.SUSPENDED:
+                    self.tracker().suspended()
                 yield status
 
     def _observe(self, obj: TrainJob | None) -> JobStatus:
@@ -143,6 +145,13 @@ class KubeJob(JobHandle):
     def queue_notes(self) -> list[str]:
         """What Kueue said about the job's Workload (its events) since the last call, each message once."""
         return inspect.queue_notes(self.tracker())
+
+    def pod_notes(self) -> list[str]:
+        """The job's pods replaced (deleted, evicted, failed) or restarted since the last call, each once.
+
+        Read from the pod watch the log followers keep (:func:`inspect.pod_notes`).
+        """
+        return inspect.pod_notes(self.tracker())
 
     def follow_logs(self, *, nodes: str, sink: LogSink, stop: threading.Event) -> None:
         """Stream node ``nodes`` ("0", "3", or "all") of the trainer to ``sink`` until done or stopped."""

@@ -48,3 +48,8 @@ def pod_log(namespace: str, name: str) -> str:
 def events(namespace: str) -> str:
     """The events of ``namespace``."""
     return f"/api/v1/namespaces/{_q(namespace)}/events"
+
+
+def node(name: str) -> str:
+    """One node."""
+    return f"/api/v1/nodes/{_q(name)}"
