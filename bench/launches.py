@@ -1,8 +1,12 @@
 """Our launcher and the peer's, started as their users start them, each under an identity of its own.
 
-* :meth:`Runner.start` spawns one launcher process: ours is ``kfp-trainer launch``, the
-  peer's is :mod:`bench.peer_driver` ``launch`` (TrainerClient.train + wait_for_job_status,
-  with get_job_logs(follow=True) when logs are on). Both create a TrainJob on the
+* :meth:`Runner.start` spawns one launcher process: ours is ``kfp-trainer launch``, with a
+  kubeconfig (a laptop) or, ``logs="pod"``, as in a KFP step: the API server's address in the
+  environment and the service account's token and CA in files, no kubeconfig (the token and CA
+  are put in a folder of their own here, where a pod has them in
+  ``/var/run/secrets/kubernetes.io/serviceaccount``); the peer's is :mod:`bench.peer_driver`
+  ``launch`` (TrainerClient.train + wait_for_job_status, with get_job_logs(follow=True) when logs
+  are on). Both create a TrainJob on the
   ``torch-distributed`` runtime whose trainer pod runs the given pod script.
 * :meth:`Runner.finish` waits for it and notes when it said it returned.
 * :meth:`Runner.many` runs ``n`` launchers at once, as threads of a few worker processes
@@ -11,6 +15,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -18,11 +23,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+
+import yaml
 
 from bench.env import REPO, Identities
 from bench.procs import Proc, python_env
 
 SIDES = ("ours", "sdk")
+# ``kfp-trainer launch`` as in a pod: its service account's files read from the folder given first.
+IN_POD = (
+    "import pathlib, sys\n"
+    "import kfp_trainer.backends.kube.credentials as credentials\n"
+    "credentials.SA_DIR = pathlib.Path(sys.argv.pop(1))\n"
+    "from kfp_trainer.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
 
 
 @dataclass
@@ -73,16 +89,37 @@ class Runner:
         driver = str(REPO / "bench" / "peer_driver.py")
         return [str(self.peer_python), driver, "launch", str(kubeconfig), namespace, logs, json.dumps(annotations)]
 
+    def in_pod(self, kubeconfig: Path, namespace: str) -> tuple[Path, dict[str, str]]:
+        """The service account files a pod of the identity would have (token, CA, namespace) and the environment it gets."""
+        config = yaml.safe_load(kubeconfig.read_text())
+        cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+        folder = self.workdir / "serviceaccounts" / kubeconfig.stem
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "token").write_text(user["token"])
+        if cluster.get("certificate-authority-data"):
+            (folder / "ca.crt").write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        else:
+            (folder / "ca.crt").write_bytes((kubeconfig.parent / cluster["certificate-authority"]).read_bytes())
+        (folder / "namespace").write_text(namespace)
+        server = urlparse(cluster["server"])
+        return folder, {"KUBERNETES_SERVICE_HOST": str(server.hostname), "KUBERNETES_SERVICE_PORT": str(server.port or 443)}
+
     def start(
         self, side: str, logs: str, identity: str, namespace: str, annotations: dict[str, str], run_id: str = ""
     ) -> tuple[Launch, Proc]:
-        """Spawn one launcher (a new identity named ``identity``)."""
+        """Spawn one launcher (a new identity named ``identity``); ``logs="pod"``: ours as in a pod, following node 0's log."""
         kubeconfig = self.identities.make(identity)
-        if side == "ours":
+        extra: dict[str, str] = {}
+        if side == "ours" and logs == "pod":
+            folder, extra = self.in_pod(kubeconfig, namespace)
+            cmd = self.ours_cmd(kubeconfig, namespace, run_id or f"bench-{identity}", annotations, "0")
+            cmd = [sys.executable, "-c", IN_POD, str(folder), *cmd[len(self.ours) :]]
+            del cmd[cmd.index("--kubeconfig") : cmd.index("--kubeconfig") + 2]
+        elif side == "ours":
             cmd = self.ours_cmd(kubeconfig, namespace, run_id or f"bench-{identity}", annotations, logs)
         else:
             cmd = self.sdk_cmd(kubeconfig, namespace, annotations, logs)
-        proc = Proc(cmd, env=python_env(), stderr=self.logs_dir / f"{identity}.stderr", cwd=REPO)
+        proc = Proc(cmd, env=python_env(extra), stderr=self.logs_dir / f"{identity}.stderr", cwd=REPO)
         return Launch(side, logs, identity, namespace, proc.spawned), proc
 
     def finish(self, launch: Launch, proc: Proc, timeout: float) -> Launch:

@@ -64,11 +64,18 @@ def rows(r: dict[str, Any]) -> list[dict[str, Any]]:
             o95, p95 = o["completion_to_return_s"]["p95"], p["completion_to_return_s"]["p95"]
             out.append(_row(f"completion → launcher returns, median (p95), {label}", _lat(o), _lat(p),
                             compare(o95, p95, lower=True) + " (p95)", "p95 ≤ 0.05 s", o95 is not None and o95 <= 0.05))  # fmt: skip
-    o, p = seq.get("spawn_to_created", {}).get("ours"), seq.get("spawn_to_created", {}).get("sdk")
+    spawned = seq.get("spawn_to_created", {})
+    pod, o, p = spawned.get("ours-pod"), spawned.get("ours"), spawned.get("sdk")
+    if pod and pod.get("n") and p:
+        out.append(_row(f"process spawn → TrainJob created in a pod (the service account, as in a KFP step), median (p95) of {pod['n']}",
+                        f"{_num(pod['median'], 's')} ({_num(pod['p95'], 's')})", f"{_num(p['median'], 's')} ({_num(p['p95'], 's')})",
+                        compare(pod["median"], p["median"], lower=True), "≤ 0.3 s",
+                        pod["median"] is not None and pod["median"] <= 0.3))  # fmt: skip
     if o and p:
-        out.append(_row(f"process spawn → TrainJob created, median (p95) of {o['n']}", f"{_num(o['median'], 's')} ({_num(o['p95'], 's')})",
-                        f"{_num(p['median'], 's')} ({_num(p['p95'], 's')})", compare(o["median"], p["median"], lower=True),
-                        "≤ 0.3 s", o["median"] is not None and o["median"] <= 0.3))  # fmt: skip
+        out.append(_row(f"process spawn → TrainJob created with a kubeconfig, median (p95) of {o['n']}",
+                        f"{_num(o['median'], 's')} ({_num(o['p95'], 's')})", f"{_num(p['median'], 's')} ({_num(p['p95'], 's')})",
+                        compare(o["median"], p["median"], lower=True), "below the SDK's",
+                        o["median"] is not None and p["median"] is not None and o["median"] < p["median"]))  # fmt: skip
     for logs, label in (("logs", "logs on"), ("none", "logs none")):
         o, p = seq.get(f"ours-{logs}"), seq.get(f"sdk-{logs}")
         if o and p and o.get("launcher_cpu_s", {}).get("median") is not None:

@@ -44,11 +44,12 @@ SMOKE = {"import_reps": 1, "local_rounds": 1, "local_steps": 10, "sequential": 1
          "relay_rounds": 1, "levels": [1, 3], "workers": 2, "settle_s": 5}  # fmt: skip
 PHASES = ("imports", "local", "long", "sequential", "relay", "concurrency")
 VARIANTS = (("ours", "none"), ("sdk", "none"), ("ours", "logs"), ("sdk", "logs"))
+SEQUENTIAL = (*VARIANTS, ("ours", "pod"))  # ours also as in a KFP step: the pod's service account, no kubeconfig
 LAUNCH_TIMEOUT = 600.0
 
 
 def _logs(label: str) -> str:
-    return "none" if label == "none" else "0"
+    return label if label in ("none", "pod") else "0"
 
 
 class LoadSampler:
@@ -162,9 +163,9 @@ class Bench:
     def sequential(self, runner: Runner) -> None:
         ns = self.namespace("bench-seq")
         script = pod_script([f"step {k} loss={1 / (k + 1):.4f}" for k in range(5)], line_delay=0.1)
-        runs: dict[str, list[Any]] = {f"{s}-{label}": [] for s, label in VARIANTS}
+        runs: dict[str, list[Any]] = {f"{s}-{label}": [] for s, label in SEQUENTIAL}
         for i in range(self.sizes["sequential"]):
-            for side, label in VARIANTS:
+            for side, label in SEQUENTIAL:
                 launch = runner.run(side, _logs(label), f"seq-{side}-{label}-{i}", ns, script, LAUNCH_TIMEOUT)
                 if launch.error:
                     raise RuntimeError(f"{side} launcher ({label}) failed: {launch.error}")
@@ -196,8 +197,9 @@ class Bench:
         r = self.results
         if "sequential_groups" in self.launches:
             seq: dict[str, Any] = {k: analyze.group_figures(v, log) for k, v in self.launches["sequential_groups"]}
-            spawn = {side: [e["spawn_to_created_s"] for k, g in seq.items() if k.startswith(side + "-") for e in g["each"]]
+            spawn = {side: [e["spawn_to_created_s"] for k, g in seq.items() if k in (f"{side}-none", f"{side}-logs") for e in g["each"]]
                      for side in ("ours", "sdk")}  # fmt: skip
+            spawn["ours-pod"] = [e["spawn_to_created_s"] for e in seq.get("ours-pod", {}).get("each", [])]
             seq["spawn_to_created"] = {side: analyze.spread(v) for side, v in spawn.items()}
             r["sequential"] = seq
         if "long" in self.launches:

@@ -59,7 +59,7 @@ _LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|err|mse|mae|rmse|wer|
 # the log-line check does (:data:`_MAY_BE_LOG`).
 _LOWER, _UPPER = string.ascii_lowercase.replace("e", ""), string.ascii_uppercase.replace("E", "")
 _SHAPE = bytes.maketrans((_LOWER + _UPPER + "eE" + string.digits).encode(), b"a" * 25 + b"A" * 25 + b"eE" + b"0" * 10)
-_PLANS: dict[bytes, _Plan | None] = {}  # by shape; None: no pairs
+_PLANS_KEPT = 4096  # line shapes a series keeps the plan of (MetricSeries._plans), at most
 _POSITIONS = frozenset(POSITION_KEYS)
 # The distributed setup (torchrun's rendezvous result, NCCL's communicator), not results.
 _SKIP_KEYS = frozenset({
@@ -199,10 +199,10 @@ def parse_line(line: str) -> list[MetricPoint]:
         >>> parse_line("[W1207 04:18:16.154876372 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3")
         []
     """
-    return _parse(line, None)
+    return _parse(line, None, {})
 
 
-def _parse(line: str, names: frozenset[str] | None) -> list[MetricPoint]:
+def _parse(line: str, names: frozenset[str] | None, plans: dict[bytes, _Plan | None]) -> list[MetricPoint]:
     """:func:`parse_line`; from a log line, the points named in ``names`` (none when None)."""
     if "=" not in line and "{" not in line:  # neither name=value pairs nor a mapping: most lines
         return []
@@ -220,27 +220,28 @@ def _parse(line: str, names: frozenset[str] | None) -> list[MetricPoint]:
                 if (start or text.startswith(_TORCHELASTIC_EVENT)) and is_log_line(text):
                     return [p for p in _from_mapping(data, loader is not json.loads) if p.name in names] if names else []
                 return _from_mapping(data, loader is not json.loads)  # a printed dict's numerals count (HF's '0.5234')
-    return _pair_points(line, names)
+    return _pair_points(line, names, plans)
 
 
-def _pair_points(line: str, names: frozenset[str] | None = None) -> list[MetricPoint]:
+def _pair_points(line: str, names: frozenset[str] | None, plans: dict[bytes, _Plan | None]) -> list[MetricPoint]:
     """The points of the ``name=value`` pairs in ``line`` (as :func:`_from_pairs` of the pattern's matches).
 
     The pattern tells letters, ``e``/``E`` and digits apart only by those classes, so lines
     of one shape (:data:`_SHAPE`) have their pairs at the same places: the pattern runs once
-    per shape (:class:`_Plan`), and each line is cut where its first one matched. Whether a
+    per shape (:class:`_Plan`, kept in ``plans`` by shape; None: no pairs), and each line is cut
+    where its first one matched. Whether a
     shape may be a log line's is known once per shape too: only lines of those shapes are
     checked (:func:`is_log_line`), and give only the points named in ``names`` when they are.
     """
     shape = line.encode("utf-8", "surrogatepass").translate(_SHAPE)
     try:
-        plan = _PLANS[shape]
+        plan = plans[shape]
     except KeyError:
         spans = [(m.start(1), m.end(1), m.start(2), m.end(2)) for m in _KATIB.finditer(line)]
         plan = _Plan(line, spans, _MAY_BE_LOG.search(shape) is not None) if spans else None
-        if len(_PLANS) >= 4096:
-            _PLANS.clear()
-        _PLANS[shape] = plan
+        if len(plans) >= _PLANS_KEPT:
+            plans.clear()
+        plans[shape] = plan
     if plan is None:
         return []
     if plan.suspect and is_log_line(line):
@@ -470,6 +471,7 @@ class MetricSeries:
         self._names = wanted.names or None  # named metrics: read from log lines too
         self._points: list[MetricPoint] = self._kept(list(points or []))
         self._unparsed: list[str] = []  # lines fed by feed_text, in order, not parsed yet
+        self._plans: dict[bytes, _Plan | None] = {}  # where the pairs of each line shape are (_pair_points)
         self._lock = threading.Lock()  # a relay thread may still feed while the points are read
 
     def _kept(self, points: list[MetricPoint]) -> list[MetricPoint]:
@@ -492,16 +494,16 @@ class MetricSeries:
 
     def _parse_kept(self) -> None:
         lines, self._unparsed = self._unparsed, []
-        names = self._names
+        names, plans = self._names, self._plans
         found: list[MetricPoint] = []
         add = found.extend
         for line in lines:
-            add(_parse(line, names) if "{" in line else _pair_points(line, names))
+            add(_parse(line, names, plans) if "{" in line else _pair_points(line, names, plans))
         self._points.extend(self._kept(found))
 
     def feed(self, line: str) -> int:
         """Parse one output line now; return how many points it added."""
-        found = self._kept(_parse(line, self._names))
+        found = self._kept(_parse(line, self._names, self._plans))
         with self._lock:
             self._parse_kept()
             self._points.extend(found)

@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from .backends.base import BatchSink, LogLine
+from .backends.base import LogLine
 from .metrics import MetricSeries
 
 FLUSH_DELAY = 0.02  # seconds a relayed line may wait in the buffer for others to join it
 
 
-class Printer(BatchSink):
-    """Thread-safe sink: prints trainer lines (prefixed when several nodes) and parses metrics.
+class Printer:
+    """Thread-safe :data:`~kfp_trainer.backends.base.LogSink`: prints trainer lines (prefixed when several nodes), keeps metrics.
 
     Lines are written at once and flushed by a thread of their own at most ``FLUSH_DELAY``
     seconds later: one write to the pipe per burst, not per line, while a long log is
@@ -43,33 +43,24 @@ class Printer(BatchSink):
         self._flusher: threading.Thread | None = None
 
     def __call__(self, line: LogLine) -> None:
-        """Write ``line`` (prefixed with its node when asked), feed it to the metric parser."""
+        """Write the ``line.count`` lines at once (each prefixed with its node when asked); keep them for the metric parser."""
+        text, source = line.text, line.source
         with self.lock:
             if self.count == 0:
                 self.on_first()
                 self._flusher = threading.Thread(target=self._flush_soon, name="trainer-logs-flush", daemon=True)
                 self._flusher.start()
-            self.count += 1
-            self.out.write(f"[{line.source}] {line.text}\n" if self.prefix else line.text + "\n")
+            self.count += line.count
+            if not self.prefix:
+                self.out.write(text + "\n")
+            elif line.count == 1:
+                self.out.write(f"[{source}] {text}\n")
+            else:
+                self.out.write(f"[{source}] " + text.replace("\n", f"\n[{source}] ") + "\n")
             if self._closed:  # a follower still draining after close(): no flushing thread any more
                 self.out.flush()
-            self.metrics.feed(line.text)
-        if not self._unflushed.is_set():  # checked after the write: a flush that clears it comes later
-            self._unflushed.set()
-
-    def batch(self, source: str, text: str, count: int) -> None:
-        """Write ``count`` lines of ``source`` at once (``text``: joined by newlines), feed them to the metric parser."""
-        with self.lock:
-            if self.count == 0:
-                self.on_first()
-                self._flusher = threading.Thread(target=self._flush_soon, name="trainer-logs-flush", daemon=True)
-                self._flusher.start()
-            self.count += count
-            self.out.write(f"[{source}] " + text.replace("\n", f"\n[{source}] ") + "\n" if self.prefix else text + "\n")
-            if self._closed:
-                self.out.flush()
             self.metrics.feed_text(text)
-        if not self._unflushed.is_set():
+        if not self._unflushed.is_set():  # checked after the write: a flush that clears it comes later
             self._unflushed.set()
 
     def _flush_soon(self) -> None:

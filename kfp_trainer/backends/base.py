@@ -131,25 +131,27 @@ class Blocker:
 
 @dataclass(frozen=True)
 class LogLine:
-    """One line of training output, with where it came from (e.g. ``node-0``)."""
+    r"""Training output from one source (e.g. ``node-0``): ``count`` lines in order, ``text`` them joined by newlines.
+
+    A backend hands the lines that arrived together as one (a followed log that comes fast),
+    or one at a time (``count`` 1): a sink does per call what can be done once for many lines.
+
+    Example:
+        >>> LogLine("node-0", "step 1 loss=0.5\nstep 2 loss=0.4", 2).lines
+        ['step 1 loss=0.5', 'step 2 loss=0.4']
+    """
 
     source: str
     text: str
+    count: int = 1
+
+    @property
+    def lines(self) -> list[str]:
+        """The lines, one by one."""
+        return self.text.split("\n") if self.count > 1 else [self.text]
 
 
-LogSink = Callable[[LogLine], None]
-
-
-class BatchSink(abc.ABC):
-    """A :data:`LogSink` that also takes many lines of one source at once (a backend may hand them so)."""
-
-    @abc.abstractmethod
-    def __call__(self, line: LogLine) -> None:
-        """Take one line."""
-
-    @abc.abstractmethod
-    def batch(self, source: str, text: str, count: int) -> None:
-        """Take ``count`` lines from ``source`` in order: ``text`` is them joined by newlines, with none at its end."""
+LogSink = Callable[[LogLine], None]  # the one way a backend hands training output on
 
 
 def trainjob_status(obj: TrainJob | None, trainer_job: str = "node") -> JobStatus:

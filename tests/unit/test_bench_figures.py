@@ -78,6 +78,18 @@ def test_the_relay_rows_hold_ours_to_its_requests_ceiling_and_its_cpu_to_the_sdk
     assert not relay(47_000.0, 48_000.0, 2.5)[0]["met"]  # below the SDK's 48k
 
 
+def test_spawn_to_created_is_told_in_a_pod_against_its_goal_and_with_a_kubeconfig_against_the_sdk():
+    def spawn(pod: float, kubeconfig: float, sdk: float) -> list[dict]:
+        figures = {"ours-pod": spread([pod] * 3), "ours": spread([kubeconfig] * 6), "sdk": spread([sdk] * 6)}
+        return [row for row in rows({"sequential": {"spawn_to_created": figures}}) if row["figure"].startswith("process spawn")]
+
+    in_pod, with_kubeconfig = spawn(0.25, 0.45, 0.95)
+    assert "in a pod" in in_pod["figure"] and "of 3" in in_pod["figure"] and in_pod["goal"] == "≤ 0.3 s" and in_pod["met"]
+    assert "with a kubeconfig" in with_kubeconfig["figure"] and with_kubeconfig["met"] and with_kubeconfig["vs"] == "2.1× fewer"
+    in_pod, with_kubeconfig = spawn(0.35, 1.0, 0.95)
+    assert not in_pod["met"] and not with_kubeconfig["met"]
+
+
 def test_a_childs_cpu_time_is_read_while_it_runs_and_none_once_it_is_gone():
     import subprocess
     import sys

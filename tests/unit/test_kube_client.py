@@ -11,6 +11,7 @@ import pytest
 
 from kfp_trainer.backends.kube.api import RetryPolicy, call
 from kfp_trainer.backends.kube.apierrors import APIError, TransportError
+from kfp_trainer.backends.kube.bodylines import each_line
 from kfp_trainer.backends.kube.client import Client, Stream
 from kfp_trainer.backends.kube.credentials import Credentials, Token
 from kfp_trainer.errors import ForbiddenError, RejectedError
@@ -155,7 +156,7 @@ def test_a_streamed_request_is_read_line_by_line(server, api):
     server.answer = lambda request: (200, b'{"type": "ADDED"}\n\n{"type": "DELETED"}', "application/json")
     stream = api.request("GET", "/w", query={"watch": True}, timeout=(5, 5), stream=True)
     assert isinstance(stream, Stream)
-    assert [json.loads(line)["type"] for line in stream.lines()] == ["ADDED", "DELETED"]
+    assert [json.loads(line)["type"] for line in each_line(stream)] == ["ADDED", "DELETED"]
     stream.close()
     assert server.seen[0]["path"] == "/w?watch=true"
 

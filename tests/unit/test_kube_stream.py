@@ -10,6 +10,7 @@ import time
 import pytest
 
 from kfp_trainer.backends.kube.apierrors import TransportError
+from kfp_trainer.backends.kube.bodylines import batches, each_line
 from kfp_trainer.backends.kube.client import Client
 from kfp_trainer.backends.kube.credentials import Credentials
 from kfp_trainer.backends.kube.logs import NodeLogFollower, _Cursor
@@ -77,7 +78,7 @@ def test_a_followed_log_comes_line_by_line_as_it_is_written_and_the_connection_s
                       (b"Content-Length: 2\r\n", [(0.0, b"ok")])]  # fmt: skip
     api = Client(Credentials(server.url))
     stream = api.request("GET", "/api/v1/namespaces/ns/pods/p/log", stream=True)
-    got = [line for batch in stream.batches() for line in batch]
+    got = [line for batch in batches(stream) for line in batch]
     stream.close()
     assert got == lines and stream.finished
     assert api.request("GET", "/x") == "ok" and server.connections == 1  # the same connection, ready for the next request
@@ -88,7 +89,7 @@ def test_a_log_cut_mid_chunk_is_a_transport_error(server):
     stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
     got = []
     with pytest.raises(TransportError, match="the stream broke off"):
-        for batch in stream.batches():
+        for batch in batches(stream):
             got.extend(batch)
     stream.close()
     assert got == [b"line 1"]
@@ -100,7 +101,7 @@ def test_a_stream_quiet_for_longer_than_its_read_timeout_is_a_transport_error(se
     stream = Client(Credentials(server.url)).request("GET", "/log", stream=True, timeout=(5, 0.3))
     got = []
     with pytest.raises(TransportError, match="timed out"):
-        for batch in stream.batches():
+        for batch in batches(stream):
             got.extend(batch)
     stream.close()
     quiet.set()
@@ -110,7 +111,7 @@ def test_a_stream_quiet_for_longer_than_its_read_timeout_is_a_transport_error(se
 def test_a_body_of_known_length_gives_its_lines(server):
     server.answers = [(b"Content-Length: 13\r\n", [(0.0, b"line 1\nline 2")])]
     stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
-    assert list(stream.lines()) == [b"line 1", b"line 2"]
+    assert list(each_line(stream)) == [b"line 1", b"line 2"]
     stream.close()
 
 
@@ -163,23 +164,23 @@ def test_lines_that_arrive_while_a_batch_is_handled_come_together_in_the_next(se
     parts += [(0.001, b"%x\r\n%s\n\r\n" % (len(line) + 1, line)) for line in lines[1:]] + [(0.0, b"0\r\n\r\n")]
     server.answers = [(b"Transfer-Encoding: chunked\r\n", parts)]
     stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
-    batches = []
-    for batch in stream.batches():
-        batches.append(batch)
-        if len(batches) == 1:
+    got = []
+    for batch in batches(stream):
+        got.append(batch)
+        if len(got) == 1:
             got_first.set()
             time.sleep(0.5)  # handling the first batch takes a while: the others arrive meanwhile
     stream.close()
-    assert batches == [lines[:1], lines[1:]] and stream.finished and not _readers()
+    assert got == [lines[:1], lines[1:]] and stream.finished and not _readers()
 
 
 def test_a_caller_that_stops_early_ends_the_reading_thread_and_drops_the_connection(server):
     quiet = threading.Event()
     server.answers = [(b"Transfer-Encoding: chunked\r\n", [(0.0, b"7\r\nline 1\n\r\n"), (quiet, b"0\r\n\r\n")])]
     stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
-    batches = stream.batches()
-    assert next(batches) == [b"line 1"] and len(_readers()) == 1
-    batches.close()  # as when the caller's loop raised
+    arrived = batches(stream)
+    assert next(arrived) == [b"line 1"] and len(_readers()) == 1
+    arrived.close()  # as when the caller's loop raised
     stream.close()
     quiet.set()
     assert not _readers() and not stream.finished
@@ -192,7 +193,7 @@ def test_a_read_shut_down_from_another_thread_is_a_transport_error_in_the_caller
     got = []
     threading.Timer(0.3, stream.shutdown).start()
     with pytest.raises(TransportError, match="the stream broke off"):
-        for batch in stream.batches():
+        for batch in batches(stream):
             got.extend(batch)
     stream.close()
     quiet.set()
@@ -203,27 +204,49 @@ def test_a_stream_closed_while_its_reading_thread_waits_ends_that_thread(server)
     quiet = threading.Event()
     server.answers = [(b"Transfer-Encoding: chunked\r\n", [(0.0, b"7\r\nline 1\n\r\n"), (quiet, b"0\r\n\r\n")])]
     stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
-    batches = stream.batches()
-    assert next(batches) == [b"line 1"]
+    arrived = batches(stream)
+    assert next(arrived) == [b"line 1"]
     started = time.monotonic()
     stream.close()  # before the batches are closed: as when the caller's loop raised and its cleanup came first
-    assert time.monotonic() - started < 3 and not _readers()  # not held until the server sends more (10 s here)
-    batches.close()
+    wait_until(lambda: not _readers(), 3)  # not held until the server sends more (10 s here)
+    assert time.monotonic() - started < 3
+    arrived.close()
     quiet.set()
 
 
-def test_a_caller_that_takes_its_time_holds_up_the_read_once_a_few_megabytes_wait(server, monkeypatch):
-    import kfp_trainer.backends.kube.client as client
-
-    monkeypatch.setattr(client, "READ_AHEAD", 1000)
+def test_a_caller_that_takes_its_time_holds_up_the_read_once_a_few_megabytes_wait(server):
     lines = [b"line %04d %s" % (i, b"x" * 90) for i in range(100)]  # 100 bytes each with the newline
     parts = [(0.0, b"%x\r\n%s\n\r\n" % (len(line) + 1, line)) for line in lines] + [(0.0, b"0\r\n\r\n")]
     server.answers = [(b"Transfer-Encoding: chunked\r\n", parts)]
     stream = Client(Credentials(server.url)).request("GET", "/log", stream=True)
+    body = Counted(stream)
     got = []
-    for batch in stream.batches():
+    for batch in batches(body, read_ahead=1000):
         time.sleep(0.2)  # the whole body is there by now: only the limit keeps it out of memory
         got.append(batch)
-        assert len(stream._reader.pieces) <= 11  # the limit, and the piece that went over it
+        taken = 101 * sum(map(len, got))  # 100 bytes and a newline a line
+        assert body.read - taken <= 1000 + 101  # the limit, and the piece that went over it
     stream.close()
     assert [line for batch in got for line in batch] == lines and len(got) >= 9 and stream.finished
+
+
+class Counted:
+    """A body whose bytes read so far are counted."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.read = 0
+
+    def chunks(self):
+        for chunk in self.stream.chunks():
+            self.read += len(chunk)
+            yield chunk
+
+    def shutdown(self) -> None:
+        self.stream.shutdown()
+
+
+def wait_until(condition, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)

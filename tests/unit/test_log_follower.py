@@ -96,7 +96,7 @@ def follower(server, pods, **kw):
         job="tj",
         replicated_job="node",
         index=0,
-        sink=lambda line: lines.append(line.text),
+        sink=lambda line: lines.extend(line.lines),
         stop=stop,
         source="node-0",
         pods=pods,
@@ -218,3 +218,22 @@ def test_only_a_terminated_instance_or_a_gone_pod_counts_as_finished_for_cutting
     assert _terminated(None, ("p1", 0)) and _terminated(pod("running", uid="p2"), ("p1", 0))
     assert not _terminated(pod("running"), ("p1", 0))
     assert not _terminated(pod("terminated", restarts=1), ("p1", 0))  # a restart: the next instance's log is another read
+
+
+def test_any_sink_gets_the_lines_that_arrived_together_in_one_call():
+    """One sink protocol: a plain function is handed batches (``LogLine.count``), as the step's printer is."""
+    got: list[LogLine] = []
+    server = LogServer([Body([stamped(1, "a") + stamped(1, "b") + stamped(2, "c")])])
+    pods = Pods(pod("running"))
+    f = NodeLogFollower(server, namespace="ns", job="tj", replicated_job="node", index=0, sink=got.append, stop=threading.Event(),
+                        source="node-0", pods=pods, settle=5, sleep=lambda s: None)  # fmt: skip
+    thread = threading.Thread(target=f.run, daemon=True)
+    thread.start()
+    for _ in range(500):
+        if got:
+            break
+        threading.Event().wait(0.01)
+    pods.set(pod("terminated", phase="Succeeded"))
+    f.stop.set()
+    thread.join(5)
+    assert got == [LogLine("node-0", "a\nb\nc", 3)] and got[0].lines == ["a", "b", "c"]

@@ -6,6 +6,7 @@ import io
 import random
 
 from kfp_trainer.backends.base import LogLine
+from kfp_trainer.backends.kube.bodylines import batches, each_line
 from kfp_trainer.backends.kube.client import Stream
 from kfp_trainer.backends.kube.logs import _Cursor, _text
 from kfp_trainer.metrics import MetricSeries, parse_line
@@ -114,8 +115,8 @@ def test_a_body_in_any_pieces_gives_the_same_lines():
         cuts = sorted(rng.sample(range(len(body) + 1), min(len(body) + 1, rng.randint(0, 6))))
         pieces = [body[i:j] for i, j in zip([0, *cuts], [*cuts, len(body)], strict=True) if body[i:j]]
         expected = [line for line in body.split(b"\n") if line.strip()]
-        assert list(Stream(Body(pieces), "GET /log").lines()) == expected
-        assert [line for batch in Stream(Body(pieces), "GET /log").batches() for line in batch if line.strip()] == expected
+        assert list(each_line(Stream(Body(pieces), "GET /log"))) == expected
+        assert [line for batch in batches(Stream(Body(pieces), "GET /log")) for line in batch if line.strip()] == expected
 
 
 def test_metrics_of_lines_fed_together_are_those_fed_one_by_one():
@@ -137,8 +138,8 @@ def test_a_batch_prints_what_its_lines_printed_one_by_one():
         single, batched = Printer(one, MetricSeries(), prefix, lambda: None), Printer(many, MetricSeries(), prefix, lambda: None)
         for text in texts:
             single(LogLine("node-1", text))
-        batched.batch("node-1", "\n".join(texts[:2]), 2)
-        batched.batch("node-1", "\n".join(texts[2:]), 2)
+        batched(LogLine("node-1", "\n".join(texts[:2]), 2))
+        batched(LogLine("node-1", "\n".join(texts[2:]), 2))
         single.close()
         batched.close()
         assert many.getvalue() == one.getvalue() and batched.count == single.count == 4

@@ -2,8 +2,8 @@
 
 :meth:`Client.request` sends one request with the credentials' address, TLS settings, proxy
 and ``Authorization`` header, and returns the decoded answer -- JSON as plain data, any other
-body as text -- or, with ``stream=True``, a :class:`Stream` to read line by line (watches,
-followed logs). An answer outside 2xx raises the :mod:`.apierrors` error for it (status,
+body as text -- or, with ``stream=True``, a :class:`Stream` of the body's bytes as they arrive
+(watches, followed logs; :mod:`.bodylines` cuts them into lines). An answer outside 2xx raises the :mod:`.apierrors` error for it (status,
 reason, details kept); no answer at all raises :class:`~.apierrors.TransportError`. The HTTP
 library's exceptions never leave this module.
 
@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,26 +47,22 @@ DEFAULT_TIMEOUT = (10.0, 60.0)  # connect, read (seconds)
 Timeout = float | tuple[float, float | None] | None
 Query = Mapping[str, Any] | Sequence[tuple[str, Any]] | None
 _HTTP_ERRORS = (urllib3.exceptions.HTTPError, OSError)
-GATHER = 0.005  # seconds a followed log's piece waits for others to be handled with it (Stream.batches)
-READ_AHEAD = 4 << 20  # bytes a stream's reading thread holds for its caller at most (Stream.batches)
 
 
 class Stream:
     """A streamed answer being read: a watch, or a followed log.
 
-    :meth:`lines` yields its lines as they arrive (:meth:`batches`: the lines of each piece
-    received together); :meth:`close` gives the connection back (or drops it when the body was
-    not read to its end); :meth:`shutdown`, from another thread, makes a read in progress end
-    at once.
+    :meth:`chunks` yields its body's bytes as they arrive (:mod:`.bodylines` cuts them into
+    lines); :meth:`close` gives the connection back (or drops it when the body was not read to
+    its end); :meth:`shutdown`, from another thread, makes a read in progress end at once.
     """
 
     def __init__(self, response: urllib3.BaseHTTPResponse, what: str) -> None:
         self.response = response
         self.what = what
-        self.finished = False
-        self._reader: _Reader | None = None  # the thread reading for batches(), once started
+        self.finished = False  # the body was read to its end
 
-    def _pieces(self) -> Iterator[bytes]:
+    def chunks(self) -> Iterator[bytes]:
         """The body as urllib3 reads it (an HTTP chunk of a chunked body at a time).
 
         Raises:
@@ -77,63 +72,14 @@ class Stream:
             yield from self.response.stream(amt=None, decode_content=True)
         except _HTTP_ERRORS as e:
             raise TransportError(f"{self.what}: the stream broke off: {e}") from e
-
-    def lines(self) -> Iterator[bytes]:
-        """The non-empty lines of the body, as they arrive, read in this thread.
-
-        Raises:
-            TransportError: The connection broke (or was shut down) before the body ended.
-        """
-        buffer = b""
-        for piece in self._pieces():
-            parts, buffer = _complete(buffer, piece)
-            yield from (line for line in parts if line.strip())
         self.finished = True
-        if buffer.strip():
-            yield buffer
-
-    def batches(self, gather: float = 0.0) -> Iterator[list[bytes]]:
-        """The lines of the body, split at newlines only, blank ones kept: together, those completed since the last batch.
-
-        A thread of its own reads the body piece by piece (an HTTP chunk at a time: an API
-        server relaying a followed log sends each line as a chunk of its own) and does nothing
-        else. A batch is handed on ``gather`` seconds after its first piece arrived, with every
-        piece that arrived meanwhile or while the caller handled the last batch: what the caller
-        does per batch is done once for many lines, not once per line, when a log comes fast
-        (:data:`GATHER`, for a followed log: a quiet log's line still reaches the caller within
-        milliseconds). A body the server has whole (a log read to its end) needs no wait.
-
-        Raises:
-            TransportError: The connection broke (or was shut down) before the body ended.
-        """
-        reader = self._reader = _Reader(self)
-        buffer = b""
-        try:
-            while True:
-                ended = reader.wait()  # read before the pieces are taken: no piece comes after the end
-                if gather and not ended:
-                    time.sleep(gather)  # let the pieces that follow this one join it
-                    ended = reader.ended
-                parts, buffer = _complete(buffer, b"".join(reader.take()))
-                if parts:
-                    yield parts
-                if ended and not reader.pieces:
-                    break
-            if reader.failure is not None:
-                raise reader.failure
-        finally:
-            reader.stop()  # at once when the read ended; when the caller stopped early, the read is ended first
-        self.finished = True
-        if buffer:
-            yield [buffer]
 
     def close(self) -> None:
-        """Give the connection back to the pool (read to its end), else drop it (ending a read of :meth:`batches` first)."""
+        """Give the connection back to the pool (read to its end), else drop it (a read in progress ended first)."""
         if self.finished:
             self.response.release_conn()
             return
-        if self._reader is not None:  # a close waits for a blocked read to return: end the read first
-            self._reader.stop()
+        self.shutdown()  # a thread blocked reading it returns now, not when the server sends more
         self.response.close()
 
     def shutdown(self) -> None:
@@ -145,78 +91,6 @@ class Stream:
                 self.response.close()
             except Exception:  # noqa: BLE001
                 pass
-
-
-def _complete(buffer: bytes, data: bytes) -> tuple[list[bytes], bytes]:
-    """The lines ``data`` completes after ``buffer`` (the start of a line), and the start of the next line."""
-    if b"\n" not in data:
-        return [], buffer + data
-    parts = (buffer + data if buffer else data).split(b"\n")
-    return parts, parts.pop()
-
-
-class _Reader:
-    """The thread that reads a streamed body for :meth:`Stream.batches`: pieces appended as they arrive.
-
-    It holds at most :data:`READ_AHEAD` bytes not taken yet: beyond that it waits for the caller to take
-    them (a step's log that drains slowly slows the read down, as it would without the thread,
-    instead of the log piling up in memory).
-    """
-
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
-        self.pieces: list[bytes] = []
-        self.failure: TransportError | None = None
-        self.ended = False
-        self.taken = 0  # bytes taken by the caller (written by the caller only; the thread counts what it read)
-        self._ready = threading.Event()
-        self._room = threading.Event()
-        self.thread = threading.Thread(target=self._read, name="stream-read", daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        add, ready, room, limit, read = self.pieces.append, self._ready, self._room, READ_AHEAD, 0
-        try:
-            for chunk in self.stream._pieces():
-                add(chunk)
-                read += len(chunk)
-                if not ready.is_set():
-                    ready.set()
-                if read - self.taken > limit:
-                    room.clear()
-                    if read - self.taken > limit:  # checked again after the clear: a take before it is seen
-                        room.wait()
-        except TransportError as e:
-            self.failure = e
-        except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread, never lost
-            self.failure = TransportError(f"{self.stream.what}: the stream broke off: {type(e).__name__}: {e}")
-            self.failure.__cause__ = e
-        finally:
-            self.ended = True
-            ready.set()
-
-    def wait(self) -> bool:
-        """Wait for pieces (or the end); whether the read had ended then."""
-        self._ready.wait()
-        self._ready.clear()  # before the pieces are taken: a piece added after this sets it again
-        return self.ended
-
-    def take(self) -> list[bytes]:
-        """The pieces that arrived and were not taken yet, in order."""
-        pieces = self.pieces
-        n = len(pieces)
-        taken = pieces[:n]
-        del pieces[:n]  # the thread only appends: what it adds meanwhile stays
-        self.taken += sum(map(len, taken))
-        self._room.set()
-        return taken
-
-    def stop(self) -> None:
-        """Wait for the thread; end its read first (the socket shut down) when it has not ended, also when it waits for room."""
-        if not self.ended:
-            self.stream.shutdown()
-            self._room.set()
-        self.thread.join(5)
 
 
 @dataclass(frozen=True)

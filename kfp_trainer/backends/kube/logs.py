@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 from ...errors import ForbiddenError, KfpTrainerError
 from ...kube_types import ContainerStatus, Pod
 from ...timestamps import KNOWN_SECONDS, Timestamp, exact_second, parse_timestamp, rfc3339
-from ..base import BatchSink, LogLine, LogSink
+from ..base import LogLine, LogSink
 from ..deletion import made_before
 from .api import NotFound, RetryPolicy, call
 from .apierrors import TransportError
+from .bodylines import GATHER, batches
 from .cache import ObjectCache
-from .client import GATHER
 
 if TYPE_CHECKING:
     from .client import Client as ApiClient
@@ -206,7 +206,6 @@ class NodeLogFollower:
         path = f"/api/v1/namespaces/{namespace}/pods"
         self.pods = pods or ObjectCache(api, path, [("labelSelector", f"jobset.sigs.k8s.io/jobset-name={job}")], policy=policy)
         self.sink = sink
-        self._emit = sink.batch if isinstance(sink, BatchSink) else self._emit_each
         self.deleted_at = deleted_at
         self.stop = stop
         self.source = source
@@ -273,21 +272,18 @@ class NodeLogFollower:
             self._response = response
             if self._cut.is_set():  # cut while the request was on its way
                 response.shutdown()
+        arrived = batches(response, GATHER if follow else 0.0)  # the lines that arrived together
         try:
-            for batch in response.batches(GATHER if follow else 0.0):  # the lines that arrived together
+            for batch in arrived:
                 lines = cursor.take(batch)
                 if lines:
                     self.lines += len(lines)
-                    self._emit(self.source, _text(lines), len(lines))
+                    self.sink(LogLine(self.source, _text(lines), len(lines)))
             return True
         finally:
+            arrived.close()  # its reading thread ended before the connection goes
             self._response = None
             response.close()
-
-    def _emit_each(self, source: str, text: str, count: int) -> None:
-        """Hand ``count`` lines (``text``, joined by newlines) to a sink that takes one line at a time."""
-        for line in text.split("\n"):
-            self.sink(LogLine(source, line))
 
     def run(self) -> None:
         """Follow until the node's pod finishes or ``stop`` is set. Never raises."""

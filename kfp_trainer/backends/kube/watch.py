@@ -36,6 +36,7 @@ from ...errors import InfraError, KfpTrainerError, RejectedError, UserError
 from ...kube_types import ObjectList, WatchEvent
 from .api import Gone, NotFound, RetryPolicy, call, translate
 from .apierrors import APIError, TransportError, from_status
+from .bodylines import each_line
 
 if TYPE_CHECKING:
     from .client import Client as ApiClient
@@ -105,7 +106,7 @@ def open_stream(api: ApiClient, path: str, selectors: list[tuple[str, str]], res
 def decode(stream: Stream) -> Iterator[Event]:
     """Events of an open watch stream; gives the connection back at the end."""
     try:
-        for raw in stream.lines():
+        for raw in each_line(stream):
             event: WatchEvent = json.loads(raw)
             yield str(event.get("type", "")), event.get("object") or {}
     finally:
