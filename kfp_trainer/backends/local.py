@@ -254,6 +254,7 @@ class LocalBackend(Backend):
                     argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workspace, env=node_vars,
                     start_new_session=True,
                 )  # fmt: skip
+            threading.Thread(target=_notify_exit, args=(job.procs[node], job.exited), name=f"node-{node}-exit", daemon=True).start()
         pids = [p.pid for p in job.procs.values()]
         self._set_status(
             job,
@@ -305,13 +306,22 @@ class LocalBackend(Backend):
                         codes[node] = proc.returncode if proc.returncode is not None else -signal.SIGTERM
                         stopped.add(node)
                 break
-            time.sleep(0.2)
+            if len(codes) == len(job.procs):
+                break
+            job.exited.wait(0.2)  # a node's exit wakes it at once; the record is looked at meanwhile
+            job.exited.clear()
         return codes, stopped
 
     def delete(self, ref: JobRef, *, wait: float = 30.0) -> str | None:
         """Kill the job's whole process tree and remove its state."""
         remove_job(self.job_dir(ref), self.jobs.pop((ref.namespace, ref.name), None), wait=wait)
         return None
+
+
+def _notify_exit(proc: subprocess.Popen[bytes], exited: threading.Event) -> None:
+    """Set ``exited`` once ``proc`` has exited."""
+    proc.wait()
+    exited.set()
 
 
 def _recorded(directory: Path, obj: Mapping[str, Any]) -> bool:

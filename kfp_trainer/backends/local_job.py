@@ -37,6 +37,7 @@ class Supervised:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.cancelled = threading.Event()
         self.changed = threading.Event()  # set on every status change, for watchers in this process
+        self.exited = threading.Event()  # set when a node process exits (the supervisor records it at once)
         self.thread: threading.Thread | None = None
 
     def stop(self, wait: float) -> None:
@@ -118,6 +119,8 @@ class LocalJob(JobHandle):
         path = self.dir / "trainjob.json"
         last: tuple[Any, ...] | None = None
         while True:
+            if self.changed is not None:
+                self.changed.clear()  # before the read: a change written after it wakes the wait below
             obj = read_json(path)
             if obj is not None and self.ref.uid and obj["metadata"].get("uid") != self.ref.uid:
                 obj = None
@@ -139,7 +142,6 @@ class LocalJob(JobHandle):
                 yield None
             if self.changed is not None:  # supervised by this process: wake up on each change
                 self.changed.wait(2 * TICK)  # short: the launcher looks at its stop token at each heartbeat
-                self.changed.clear()
             else:
                 time.sleep(2 * TICK)
 
