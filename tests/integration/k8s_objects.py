@@ -25,7 +25,7 @@ from kfp_trainer import spec
 from kfp_trainer.backends import owner
 from kfp_trainer.backends.kube.api import RetryPolicy
 from kfp_trainer.backends.kube.apierrors import APIError
-from kfp_trainer.backends.kube.client import Client
+from kfp_trainer.backends.kube.client import Client, ListStats
 from kfp_trainer.backends.kube.credentials import from_kubeconfig
 from kfp_trainer.backends.kubernetes import KubernetesBackend
 from kfp_trainer.backends.procs import ProcessId
@@ -49,20 +49,27 @@ class InertBackend(KubernetesBackend):
 
 # Every backend client the tests made, for what their watches did together (each client counts its own: ``api.lists``).
 MADE: weakref.WeakSet[Client] = weakref.WeakSet()
+# Their counts, kept after a client is gone: a sum over the clients alive would go down when one is collected.
+_COUNTS: list[ListStats] = []
+
+
+def _made(api: Client) -> None:
+    MADE.add(api)
+    _COUNTS.append(api.lists)
 
 
 def kube_client(kubeconfig: str) -> Client:
     """The backend's own client for ``kubeconfig``: its credentials read as a launch reads them."""
     api = Client(from_kubeconfig(kubeconfig))
-    MADE.add(api)
+    _made(api)
     return api
 
 
 def list_counts() -> collections.Counter[str]:
     """How the watches of every client the tests made listed, summed (``streaming``, ``list``, ``refused``)."""
     total: collections.Counter[str] = collections.Counter()
-    for api in list(MADE):
-        total.update(api.lists.counts)
+    for stats in list(_COUNTS):
+        total.update(stats.counts)
     return total
 
 
@@ -72,7 +79,7 @@ class Recording(Client):
 
     def __init__(self, api: Client, before=None) -> None:
         super().__init__(api.credentials)
-        MADE.add(self)
+        _made(self)
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.refused: list[tuple[int, str, str]] = []  # (status, method, path) of failed requests
         self.before = before
