@@ -120,3 +120,27 @@ def test_a_launcher_not_allowed_to_read_nodes_asks_once_and_says_nothing_of_them
     assert api.calls == ["GET /api/v1/nodes/n1"]  # refused once: never asked again
     down = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "PLEG is not healthy"}]}}
     assert JobTracker(NodeApi(down), JobRef("ns", "tj", "u")).node_not_ready("n1") == "KubeletNotReady: PLEG is not healthy"
+
+
+def test_a_pod_evicted_and_gone_between_two_looks_reads_why_from_its_final_state():
+    history = PodHistory()
+    history.notes([pod("a")])
+    final = pod("a", deleting=True, conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                                                 "message": "Eviction API: evicting"}])  # fmt: skip
+    [note] = history.notes([pod("b", created="2026-12-07T10:01:00Z")], gone=[final, pod("z", 3)])  # z: never seen, ignored
+    assert "pod tj-node-0-0-a ended before its job (EvictionByEvictionAPI: Eviction API: evicting)" in note
+
+
+def test_the_pod_watch_keeps_the_final_state_of_what_it_saw_deleted():
+    from kfp_trainer.backends.kube.cache import GONE_KEPT, ObjectCache
+
+    cache = ObjectCache(None, "/pods", [], keep=lambda p: p["metadata"]["uid"] != "other")
+    cache._apply(("LIST", {"items": [pod("a"), pod("other")]}))
+    final = pod("a", deleting=True, phase="Failed")
+    cache._apply(("DELETED", final))
+    cache._apply(("DELETED", pod("other")))
+    assert cache.objects() == []
+    assert cache.gone() == [final]
+    for i in range(GONE_KEPT + 5):
+        cache._apply(("DELETED", pod(f"x{i}")))
+    assert len(cache.gone()) == GONE_KEPT and cache.gone()[-1]["metadata"]["uid"] == f"x{GONE_KEPT + 4}"

@@ -33,6 +33,9 @@ T = TypeVar("T")
 Obj = TypeVar("Obj", bound=Mapping[str, Any])
 
 
+GONE_KEPT = 256  # deleted objects whose final state a cache keeps (ObjectCache.gone)
+
+
 def _uid(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return str(meta.get("uid") or meta.get("name"))
@@ -62,6 +65,7 @@ class ObjectCache(Generic[Obj]):
         self.error: KfpTrainerError | None = None  # why the watch stopped, when it did
         self.synced = threading.Event()  # the first list arrived (or the watch failed)
         self._objects: dict[str, Obj] = {}
+        self._gone: dict[str, Obj] = {}  # the last state of the objects a DELETED event removed, the newest GONE_KEPT
         self._changed = threading.Condition()
         self._handle = Handle()
         self._thread: threading.Thread | None = None
@@ -99,6 +103,11 @@ class ObjectCache(Generic[Obj]):
         with self._changed:
             return list(self._objects.values())
 
+    def gone(self) -> list[Obj]:
+        """The objects deleted since the watch began, each as its DELETED event had it (its final state), the newest kept."""
+        with self._changed:
+            return list(self._gone.values())
+
     def wait(
         self, predicate: Callable[[list[Obj]], T | None], *, timeout: float | None = None, stop: threading.Event | None = None
     ) -> T | None:
@@ -131,6 +140,10 @@ class ObjectCache(Generic[Obj]):
                 self.synced.set()
             elif kind == "DELETED":
                 self._objects.pop(_uid(obj), None)
+                if self.keep(obj):
+                    self._gone[_uid(obj)] = obj
+                    if len(self._gone) > GONE_KEPT:
+                        del self._gone[next(iter(self._gone))]
             elif kind in ("ADDED", "MODIFIED") and self.keep(obj):
                 self._objects[_uid(obj)] = obj
             self._changed.notify_all()

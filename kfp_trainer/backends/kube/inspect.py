@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...errors import ForbiddenError, UserError
@@ -277,7 +278,7 @@ def pod_notes(tracker: JobTracker) -> list[str]:
     pods = tracker.watched_pods()
     if pods is None or not pods.synced.is_set():
         return []
-    return tracker.history.notes(pods.objects())
+    return tracker.history.notes(pods.objects(), gone=pods.gone())
 
 
 def preemption_note(message: str, names: dict[str, str]) -> str:
@@ -470,8 +471,16 @@ class PodHistory:
             self.restarts[uid] = _restarts(pod)
         return new
 
-    def notes(self, pods: list[Pod]) -> list[str]:
-        """What changed since the last call, each told once."""
+    def notes(self, pods: list[Pod], gone: Sequence[Pod] = ()) -> list[str]:
+        """What changed since the last call, each told once; ``gone``: the final state of pods deleted meanwhile.
+
+        A pod can be evicted and gone between two calls: its final state (from the watch's
+        DELETED event) still tells why it ended (its ``DisruptionTarget`` condition).
+        """
+        for pod in gone:
+            uid = str(pod["metadata"].get("uid") or pod["metadata"].get("name"))
+            if uid in self.last:
+                self.last[uid] = pod
         before = set(self.last)
         present = {str(p["metadata"].get("uid") or p["metadata"].get("name")) for p in pods}
         said = []
