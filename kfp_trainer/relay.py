@@ -51,12 +51,10 @@ class Printer:
                 self._flusher = threading.Thread(target=self._flush_soon, name="trainer-logs-flush", daemon=True)
                 self._flusher.start()
             self.count += line.count
-            if not self.prefix:
-                self.out.write(text + "\n")
-            elif line.count == 1:
-                self.out.write(f"[{source}] {text}\n")
-            else:
+            if self.prefix:
                 self.out.write(f"[{source}] " + text.replace("\n", f"\n[{source}] ") + "\n")
+            else:
+                self.out.write(text + "\n")
             if self._closed:  # a follower still draining after close(): no flushing thread any more
                 self.out.flush()
             self.metrics.feed_text(text)

@@ -144,3 +144,17 @@ def test_the_pod_watch_keeps_the_final_state_of_what_it_saw_deleted():
     for i in range(GONE_KEPT + 5):
         cache._apply(("DELETED", pod(f"x{i}")))
     assert len(cache.gone()) == GONE_KEPT and cache.gone()[-1]["metadata"]["uid"] == f"x{GONE_KEPT + 4}"
+
+
+def test_a_node_is_read_again_only_after_the_recheck_interval():
+    from kfp_trainer.backends.kube.inspect import NODE_RECHECK, JobTracker
+    from kfp_trainer.jobstatus import JobRef
+
+    now = [100.0]
+    api = NodeApi({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "down"}]}})
+    tracker = JobTracker(api, JobRef("ns", "tj", "u"), clock=lambda: now[0])
+    assert tracker.node_not_ready("n1") == tracker.node_not_ready("n1") == "KubeletNotReady: down"
+    assert api.calls == ["GET /api/v1/nodes/n1"]  # a blocker check every 2 s asks the server once in NODE_RECHECK
+    api.answer = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    now[0] += NODE_RECHECK
+    assert tracker.node_not_ready("n1") == "" and len(api.calls) == 2  # back: seen at the next read

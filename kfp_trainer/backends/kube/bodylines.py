@@ -15,6 +15,8 @@ Example:
     >>> class Body:                       # what a Stream gives: chunks cut anywhere
     ...     def chunks(self):
     ...         yield from (b"step 1 lo", b"ss=0.5\nstep 2", b" loss=0.4\n\n")
+    ...     def shutdown(self):
+    ...         pass
     >>> list(each_line(Body()))
     [b'step 1 loss=0.5', b'step 2 loss=0.4']
     >>> [line for batch in batches(Body()) for line in batch]
@@ -39,6 +41,10 @@ class Chunks(Protocol):
 
     def chunks(self) -> Iterator[bytes]:
         """The body's bytes, a piece at a time; raises TransportError when it breaks off."""
+        ...
+
+    def shutdown(self) -> None:
+        """End a read in progress from another thread."""
         ...
 
 
@@ -159,8 +165,6 @@ class _Reader:
     def stop(self) -> None:
         """Wait for the thread; end its read first (the body shut down) when it has not ended, also when it waits for room."""
         if not self.ended:
-            shutdown = getattr(self.body, "shutdown", None)
-            if shutdown is not None:
-                shutdown()
+            self.body.shutdown()
             self._room.set()
         self.thread.join(5)

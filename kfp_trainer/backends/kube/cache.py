@@ -36,7 +36,8 @@ Obj = TypeVar("Obj", bound=Mapping[str, Any])
 GONE_KEPT = 256  # deleted objects whose final state a cache keeps (ObjectCache.gone)
 
 
-def _uid(obj: Mapping[str, Any]) -> str:
+def key_of(obj: Mapping[str, Any]) -> str:
+    """The key an object is kept under: its uid (its name when it has none)."""
     meta = obj.get("metadata") or {}
     return str(meta.get("uid") or meta.get("name"))
 
@@ -136,16 +137,16 @@ class ObjectCache(Generic[Obj]):
         obj = cast(Obj, raw)  # the objects at this cache's path
         with self._changed:
             if kind == "LIST":
-                self._objects = {_uid(o): o for o in raw.get("items") or [] if self.keep(o)}
+                self._objects = {key_of(o): o for o in raw.get("items") or [] if self.keep(o)}
                 self.synced.set()
             elif kind == "DELETED":
-                self._objects.pop(_uid(obj), None)
+                self._objects.pop(key_of(obj), None)
                 if self.keep(obj):
-                    self._gone[_uid(obj)] = obj
+                    self._gone[key_of(obj)] = obj
                     if len(self._gone) > GONE_KEPT:
                         del self._gone[next(iter(self._gone))]
             elif kind in ("ADDED", "MODIFIED") and self.keep(obj):
-                self._objects[_uid(obj)] = obj
+                self._objects[key_of(obj)] = obj
             self._changed.notify_all()
 
     def _run(self) -> None:

@@ -30,7 +30,8 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...errors import ForbiddenError, UserError
@@ -38,7 +39,7 @@ from ...jobstatus import JobRef
 from ...kube_types import Event, Pod
 from ..base import Blocker
 from .api import RetryPolicy, call
-from .cache import ObjectCache
+from .cache import ObjectCache, key_of
 from .leftovers import JOBSET_LABEL
 from .paths import events as events_path
 from .paths import node as node_path
@@ -69,6 +70,7 @@ _JOB_SUFFIX = re.compile(r"^-[a-z0-9]([-a-z0-9]*[a-z0-9])?-\d+$")
 _WORKLOAD_HASH = re.compile(r"[0-9a-f]{5}")
 _PREEMPTED = re.compile(r"JobUID: (?P<job>[^)\s]+)\) due to (?P<why>[^;]+); preemptor path: (?P<path>[^;]+)")
 _UNAVAILABLE = re.compile(r"resource \S+ unavailable in ClusterQueue")
+NODE_RECHECK = 5.0  # seconds before a node a pending pod waits on is read again (JobTracker.node_not_ready)
 _SHORT_WORKLOAD_PREFIX = 57  # Kueue's ShortWorkloadNames: 63 characters in all, "-" and a 5-character hash included
 
 
@@ -123,8 +125,9 @@ class JobTracker:
     """The pods and warning events of one TrainJob, each kept by a watch while needed."""
 
     def __init__(
-        self, api: ApiClient, ref: JobRef, *, created: str = "", policy: RetryPolicy = RetryPolicy(), timeout_seconds: int = 300
-    ) -> None:
+        self, api: ApiClient, ref: JobRef, *, created: str = "", policy: RetryPolicy = RetryPolicy(), timeout_seconds: int = 300,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
         self.api = api
         self.ref = ref
         self.created = created
@@ -136,6 +139,8 @@ class JobTracker:
         self.queue_said: set[tuple[str, str]] = set()  # (reason, message) of the queue notes already reported
         self.history = PodHistory()
         self.nodes_readable = True  # False once reading a node was refused (no ``get nodes`` right)
+        self._nodes: dict[str, tuple[float, str]] = {}  # node -> (when read, why it is not ready)
+        self._clock = clock
 
     def pods(self) -> ObjectCache[Pod]:
         """The job's pods (started on first use)."""
@@ -199,17 +204,26 @@ class JobTracker:
             self.history.forget(self._pods.objects())
 
     def node_not_ready(self, name: str) -> str:
-        """Why node ``name`` is not ready ("" when it is, cannot be read, or reading nodes is not allowed)."""
+        """Why node ``name`` is not ready ("" when it is, cannot be read, or reading nodes is not allowed).
+
+        A node is read again at most every :data:`NODE_RECHECK` seconds: a pod that waits minutes
+        for its image keeps the blocker checks asking, and the answer is the same most times.
+        """
         if not self.nodes_readable:
             return ""
+        now = self._clock()
+        read_at, why = self._nodes.get(name, (float("-inf"), ""))
+        if now - read_at < NODE_RECHECK:
+            return why
         try:
-            found = call(self.api.request, "GET", node_path(name), what=f"read node {name}", policy=self.policy)
+            why = not_ready(call(self.api.request, "GET", node_path(name), what=f"read node {name}", policy=self.policy))
         except ForbiddenError:  # reading nodes is an extra right (deploy/rbac.yaml): without it, say nothing
             self.nodes_readable = False
             return ""
         except Exception:  # noqa: BLE001 - a blocker's detail is a courtesy
-            return ""
-        return not_ready(found)
+            why = ""
+        self._nodes[name] = (now, why)
+        return why
 
     def started(self) -> None:
         """The trainer runs: blockers and the queue no longer matter, stop watching events."""
@@ -237,9 +251,10 @@ def blockers(tracker: JobTracker, *, wait: float = 5.0) -> list[Blocker]:
             found.append(
                 Blocker(reason, f"{obj.get('kind')} {tracker.ref.namespace}/{obj.get('name')}: {event.get('message') or ''}", fatal=True)
             )
-    for pod in pods.objects():
+    current = pods.objects()
+    for pod in current:
         found += pod_blockers(pod)
-    for pod_name, node in pending_on_nodes(pods.objects()):
+    for pod_name, node in pending_on_nodes(current):
         why = tracker.node_not_ready(node)
         if why:
             found.append(Blocker("NodeNotReady", f"pod {pod_name} is on node {node}, which is not ready: {why}"))
@@ -463,7 +478,7 @@ class PodHistory:
 
     def _see(self, pod: Pod) -> bool:
         """Remember ``pod``; True when it was not seen before."""
-        uid = str(pod["metadata"].get("uid") or pod["metadata"].get("name"))
+        uid = key_of(pod)
         new = uid not in self.last
         self.last[uid] = pod
         if new:
@@ -478,15 +493,14 @@ class PodHistory:
         DELETED event) still tells why it ended (its ``DisruptionTarget`` condition).
         """
         for pod in gone:
-            uid = str(pod["metadata"].get("uid") or pod["metadata"].get("name"))
-            if uid in self.last:
-                self.last[uid] = pod
+            if key_of(pod) in self.last:
+                self.last[key_of(pod)] = pod
         before = set(self.last)
-        present = {str(p["metadata"].get("uid") or p["metadata"].get("name")) for p in pods}
+        present = {key_of(p) for p in pods}
         said = []
         ordered = sorted(pods, key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""), str(p["metadata"].get("name"))))
         for pod in ordered:
-            uid = str(pod["metadata"].get("uid") or pod["metadata"].get("name"))
+            uid = key_of(pod)
             slot = _slot(pod)
             if self._see(pod):
                 for old in self.slots[slot][:-1]:
